@@ -1,0 +1,29 @@
+"""``headprobe models``: list the model aliases."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from headprobe import DEFAULT_MODEL, MODELS
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser("models", help="list model aliases and their Hugging Face ids", formatter_class=formatter,
+                       description="List the model aliases --model accepts.",
+                       epilog="example:\n  headprobe models\n\nAny Hugging Face id or local directory works too.")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    width = max(len(a) for a in MODELS)
+    idw = max(len(s.hf_id) for s in MODELS.values())
+    for alias, spec in MODELS.items():
+        if spec.gguf_package:
+            where = "installed" if importlib.util.find_spec(spec.gguf_package) else f"needs: {spec.pip_install}"
+        else:
+            where = "from_pretrained"
+        default = " (default)" if alias == DEFAULT_MODEL else ""
+        print(f"{alias:<{width}}  {spec.hf_id:<{idw}}  {where}{default}")
+        if spec.note:
+            print(f"{'':<{width}}  {spec.note}")
+    return 0

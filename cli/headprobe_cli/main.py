@@ -1,0 +1,64 @@
+"""Entry point of the ``headprobe`` command.
+
+Each subcommand lives in its own module with ``register(subparsers)``; the module sets
+``func=run`` on its parser. Errors derived from :class:`headprobe.HeadprobeError` are printed as one line
+(``headprobe: error: ...``) with exit status 2; ``--debug`` shows the traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+import headprobe
+
+#: Subcommand modules, in the order ``--help`` lists them.
+COMMAND_MODULES = (
+    "models",
+)
+
+
+class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    pass
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="headprobe", formatter_class=_Formatter,
+        description="Profile attention heads and layers, allocate KV-cache budgets, apply them in generate.",
+        epilog="example:\n  headprobe profile            # profile the embedded SmolLM2-135M\n"
+               "  headprobe inspect profiles/smollm2-135m.retrieval_reasoning.json",
+    )
+    parser.add_argument("--version", action="version", version=f"headprobe {headprobe.__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        module = importlib.import_module(f"headprobe_cli.cmd_{name}")
+        module.register(sub, _Formatter)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        result = args.func(args)
+    except headprobe.HeadprobeError as exc:
+        if args.debug:
+            raise
+        print(f"headprobe: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("headprobe: interrupted; finished work is saved (rerun with --resume to continue)", file=sys.stderr)
+        return 130
+    return int(result or 0)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,14 @@
+"""headprobe: profile attention heads and layers, allocate KV-cache budgets, apply them in generate."""
+
+from .budget import BudgetMap
+from .errors import FileFormatError, HeadprobeError, ModelMismatchError, NoPassingTrialsError
+from .models import DEFAULT_MODEL, MODELS, LoadedModel, ModelIdentity, load_model, model_identity, resolve_model
+from .profile import LayerRetention, Profile, reduce_groups
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "BudgetMap", "DEFAULT_MODEL", "FileFormatError", "HeadprobeError", "LayerRetention", "LoadedModel",
+    "MODELS", "ModelIdentity", "ModelMismatchError", "NoPassingTrialsError", "Profile", "__version__",
+    "load_model", "model_identity", "reduce_groups", "resolve_model",
+]

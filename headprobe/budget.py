@@ -1,0 +1,109 @@
+"""Budget maps: per (layer, KV head) token budgets, the file the allocator writes and the runtime reads.
+
+A budget map is ``{"format": "headprobe.budget", "version": 1, ...}``; see ``docs/formats.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import FileFormatError
+from .jsonio import atomic_write_json, read_headprobe_file, require, require_matrix
+from .models.identity import ModelIdentity
+
+BUDGET_FORMAT = "headprobe.budget"
+BUDGET_VERSION = 1
+GRANULARITIES = ("kv_head", "query_head")
+
+
+@dataclass
+class BudgetMap:
+    """Token budgets per layer and KV head.
+
+    Attributes
+    ----------
+    model
+        The model the budgets were allocated for.
+    method
+        The allocator and every parameter that produced the map: ``allocator``, ``capacity`` or
+        ``ratio``, ``window``, ``sink``, ``beta``, ``temperature``, ``reduction``, ``compat``, and
+        ``sources`` (list of ``{"kind", "fingerprint", "path"}`` of the profiles used).
+    shares
+        ``[layers][heads]`` non-negative, summing to 1: the budget distribution independent of prompt
+        length, so a runtime can rescale it to any prompt.
+    budgets
+        ``[layers][heads]`` integer token counts at the reference capacity (window included).
+    granularity
+        ``"kv_head"`` (each KV head stored once) or ``"query_head"`` (only for ``compat="headkv"``).
+    """
+
+    model: ModelIdentity
+    method: dict[str, Any]
+    shares: list[list[float]]
+    budgets: list[list[int]]
+    granularity: str = "kv_head"
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    @property
+    def total(self) -> int:
+        return sum(sum(row) for row in self.budgets)
+
+    @property
+    def per_layer(self) -> list[int]:
+        return [sum(row) for row in self.budgets]
+
+    def to_json(self) -> dict[str, Any]:
+        flat = sorted(b for row in self.budgets for b in row)
+        return {
+            "format": BUDGET_FORMAT,
+            "version": BUDGET_VERSION,
+            "model": self.model.to_json(),
+            "granularity": self.granularity,
+            "method": self.method,
+            "shares": self.shares,
+            "budgets": self.budgets,
+            "totals": {
+                "total": self.total,
+                "per_layer": self.per_layer,
+                "min": flat[0] if flat else 0,
+                "median": flat[len(flat) // 2] if flat else 0,
+                "max": flat[-1] if flat else 0,
+            },
+            "created": self.created,
+        }
+
+    def save(self, path: str | Path) -> Path:
+        return atomic_write_json(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, obj: dict, path: object = "<budget>") -> "BudgetMap":
+        model = ModelIdentity.from_json(require(obj, "model", dict, path), path)
+        granularity = require(obj, "granularity", str, path)
+        if granularity not in GRANULARITIES:
+            raise FileFormatError(path, "granularity", f"expected one of {', '.join(GRANULARITIES)}")
+        heads = model.num_kv_heads if granularity == "kv_head" else model.num_query_heads
+        method = require(obj, "method", dict, path)
+        require(method, "allocator", str, path, "method.")
+        shares = require_matrix(require(obj, "shares", list, path), model.num_layers, heads, path, "shares")
+        budgets = require_matrix(require(obj, "budgets", list, path), model.num_layers, heads, path, "budgets",
+                                 integer=True)
+        if any(s < 0 for row in shares for s in row) or not math.isclose(
+                math.fsum(s for row in shares for s in row), 1.0, rel_tol=0, abs_tol=1e-6):
+            raise FileFormatError(path, "shares", "expected non-negative values summing to 1")
+        if any(b < 0 for row in budgets for b in row):
+            raise FileFormatError(path, "budgets", "expected non-negative token counts")
+        totals = obj.get("totals")
+        if isinstance(totals, dict) and "total" in totals and totals["total"] != sum(map(sum, budgets)):
+            raise FileFormatError(path, "totals.total",
+                                  f"expected {sum(map(sum, budgets))} (the sum of budgets), found {totals['total']}")
+        return cls(model=model, method=method, shares=shares, budgets=budgets, granularity=granularity,
+                   created=str(obj.get("created", "")))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "BudgetMap":
+        """Read and validate a budget file."""
+        return cls.from_json(read_headprobe_file(path, BUDGET_FORMAT, BUDGET_VERSION), path)

@@ -1,0 +1,156 @@
+"""Atomic JSON writing and validated reading of headprobe's self-describing files.
+
+Every headprobe file is a JSON object with ``format`` (e.g. ``"headprobe.profile"``) and ``version``
+(an integer). Files are written to a temporary file in the same directory and renamed into place, so
+a reader never sees half a file and an interrupted write never destroys the previous one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import FileFormatError, HeadprobeError
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise HeadprobeError(f"{parent}: output directory is not writable ({exc.strerror})") from exc
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
+    """Serialise ``obj`` as UTF-8 JSON (no NaN allowed) and write it atomically."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n")
+
+
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """Create ``path`` if needed and check that files can be written there, before any work starts."""
+    path = Path(path)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=path)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        raise HeadprobeError(f"{path}: output directory is not writable ({exc.strerror})") from exc
+    return path
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    """Read a JSON file, turning a missing file or a syntax error into a one-line error."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError as exc:
+        raise HeadprobeError(f"{path}: no such file") from exc
+    except OSError as exc:
+        raise HeadprobeError(f"{path}: cannot read ({exc.strerror})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FileFormatError(path, None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")
+
+
+def read_headprobe_file(path: str | os.PathLike, fmt: str, max_version: int) -> dict:
+    """Read a headprobe JSON file and check its ``format`` and ``version``.
+
+    Raises
+    ------
+    FileFormatError
+        If the file is not an object of that format, or comes from a newer format version than this
+        headprobe understands.
+    """
+    obj = read_json(path)
+    if not isinstance(obj, dict):
+        raise FileFormatError(path, None, f"expected a JSON object of format '{fmt}'")
+    if obj.get("format") != fmt:
+        raise FileFormatError(path, "format", f"expected '{fmt}', found {obj.get('format')!r}")
+    version = obj.get("version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise FileFormatError(path, "version", f"expected an integer, found {version!r}")
+    if version > max_version:
+        raise FileFormatError(
+            path, "version",
+            f"format version {version} is newer than this headprobe reads (up to {max_version}); upgrade headprobe",
+        )
+    return obj
+
+
+def fingerprint(obj: Any, length: int = 16) -> str:
+    """A short stable hash of a JSON-serialisable object (sorted keys), e.g. for model identities."""
+    text = json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:length]
+
+
+def file_fingerprint(path: str | os.PathLike, length: int = 16) -> str:
+    """A short sha256 of a file's bytes."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()[:length]
+
+
+# ---- small validators shared by the file readers -------------------------------------------------
+
+def require(obj: dict, key: str, kind: type | tuple, path: object, prefix: str = "") -> Any:
+    """Return ``obj[key]``, raising a one-line :class:`FileFormatError` if missing or of the wrong type."""
+    name = f"{prefix}{key}"
+    if key not in obj:
+        raise FileFormatError(path, name, "missing")
+    value = obj[key]
+    if isinstance(value, bool) and kind in (int, float, (int, float)):
+        raise FileFormatError(path, name, f"expected {_kind_name(kind)}, found a boolean")
+    if not isinstance(value, kind):
+        raise FileFormatError(path, name, f"expected {_kind_name(kind)}, found {type(value).__name__}")
+    return value
+
+
+def require_matrix(value: Any, rows: int, cols: int, path: object, name: str,
+                   integer: bool = False) -> list[list[float]]:
+    """Check that ``value`` is a ``rows × cols`` list of finite numbers."""
+    if not isinstance(value, list) or len(value) != rows:
+        found = len(value) if isinstance(value, list) else type(value).__name__
+        raise FileFormatError(path, name, f"expected {rows} rows (one per layer), found {found}")
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or len(row) != cols:
+            found = len(row) if isinstance(row, list) else type(row).__name__
+            raise FileFormatError(path, f"{name}[{i}]", f"expected {cols} values, found {found}")
+        for j, x in enumerate(row):
+            ok = isinstance(x, int) if integer else isinstance(x, (int, float))
+            if isinstance(x, bool) or not ok or (isinstance(x, float) and not math.isfinite(x)):
+                what = "an integer" if integer else "a finite number"
+                raise FileFormatError(path, f"{name}[{i}][{j}]", f"expected {what}, found {x!r}")
+    return value
+
+
+def _kind_name(kind: type | tuple) -> str:
+    names = {dict: "an object", list: "a list", str: "a string", int: "an integer", float: "a number"}
+    if isinstance(kind, tuple):
+        return " or ".join(names.get(k, k.__name__) for k in kind)
+    return names.get(kind, kind.__name__)

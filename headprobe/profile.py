@@ -1,0 +1,204 @@
+"""Profiles: head scores and layer retention of one model, the file that probes write.
+
+A profile is ``{"format": "headprobe.profile", "version": 1, ...}``; see ``docs/formats.md``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import FileFormatError
+from .jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
+from .models.identity import ModelIdentity
+
+PROFILE_FORMAT = "headprobe.profile"
+PROFILE_VERSION = 1
+
+#: Probe kinds a profile can hold. ``imported`` covers files read from other tools.
+PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
+GROUP_REDUCTIONS = ("mean", "max", "sum")
+
+
+@dataclass
+class LayerRetention:
+    """Per-layer retention of one task type (DynamicKV §3).
+
+    Attributes
+    ----------
+    mean, std
+        ``[layers]``: each layer's share of the globally top-ranked tokens, mean and standard deviation
+        over the samples. ``mean`` sums to 1.
+    samples
+        Number of prompts averaged.
+    """
+
+    mean: list[float]
+    std: list[float]
+    samples: int
+
+
+@dataclass
+class Profile:
+    """Head and/or layer importance of one model.
+
+    Attributes
+    ----------
+    kind
+        One of :data:`PROFILE_KINDS`.
+    model
+        The model the scores belong to.
+    probe
+        Settings of the run that produced it (kind, mode, lengths, depths, needle-set and haystack
+        fingerprints, seed, chat template, gate, headprobe version) or, for imports, the source file.
+    trials
+        ``{"total": int, "passed": int, "per_needle": {id: {"total": int, "passed": int}}}``.
+    query_heads
+        ``[layers][query_heads]`` mean score per query head over passing trials, or ``None``
+        (layer-retention profiles).
+    kv_heads
+        ``[layers][kv_heads]`` the same reduced over each GQA group with ``group_reduction``.
+    group_reduction
+        How query-head scores were reduced to KV heads: ``"mean"``, ``"max"`` or ``"sum"``.
+    retention
+        Per task type, the :class:`LayerRetention` (layer-retention profiles only).
+    retention_settings
+        How retention was measured (window, pooling kernel, top-k rule, capacity).
+    created
+        ISO-8601 UTC time.
+    """
+
+    kind: str
+    model: ModelIdentity
+    probe: dict[str, Any]
+    trials: dict[str, Any]
+    query_heads: list[list[float]] | None = None
+    kv_heads: list[list[float]] | None = None
+    group_reduction: str = "mean"
+    retention: dict[str, LayerRetention] | None = None
+    retention_settings: dict[str, Any] | None = None
+    created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+    # ---- derived ---------------------------------------------------------------------------------
+    @property
+    def fingerprint(self) -> str:
+        """Hash of the model, kind, scores and retention: what a budget file cites as its source."""
+        return fingerprint({
+            "model": self.model.fingerprint, "kind": self.kind, "query_heads": self.query_heads,
+            "retention": {k: v.mean for k, v in (self.retention or {}).items()},
+        })
+
+    def top_heads(self, k: int = 10, granularity: str = "query") -> list[tuple[int, int, float]]:
+        """The ``k`` highest-scoring heads as ``(layer, head, score)``, ties broken by (layer, head)."""
+        scores = self.query_heads if granularity == "query" else self.kv_heads
+        if scores is None:
+            return []
+        flat = [(l, h, s) for l, row in enumerate(scores) for h, s in enumerate(row)]
+        flat.sort(key=lambda t: (-t[2], t[0], t[1]))
+        return flat[:k]
+
+    # ---- JSON ------------------------------------------------------------------------------------
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "format": PROFILE_FORMAT,
+            "version": PROFILE_VERSION,
+            "kind": self.kind,
+            "model": self.model.to_json(),
+            "probe": self.probe,
+            "trials": self.trials,
+            "scores": None,
+            "retention": None,
+            "created": self.created,
+            "fingerprint": self.fingerprint,
+        }
+        if self.query_heads is not None:
+            out["scores"] = {
+                "query_heads": self.query_heads,
+                "kv_heads": self.kv_heads,
+                "group_reduction": self.group_reduction,
+            }
+        if self.retention is not None:
+            out["retention"] = {
+                "settings": self.retention_settings or {},
+                "tasks": {k: {"mean": v.mean, "std": v.std, "samples": v.samples}
+                          for k, v in self.retention.items()},
+            }
+        return out
+
+    def save(self, path: str | Path) -> Path:
+        """Write the profile atomically."""
+        return atomic_write_json(path, self.to_json())
+
+    @classmethod
+    def from_json(cls, obj: dict, path: object = "<profile>") -> "Profile":
+        kind = require(obj, "kind", str, path)
+        if kind not in PROFILE_KINDS:
+            raise FileFormatError(path, "kind", f"expected one of {', '.join(PROFILE_KINDS)}, found {kind!r}")
+        model = ModelIdentity.from_json(require(obj, "model", dict, path), path)
+        probe = require(obj, "probe", dict, path)
+        trials = require(obj, "trials", dict, path)
+        for key in ("total", "passed"):
+            require(trials, key, int, path, prefix="trials.")
+        query_heads = kv_heads = None
+        reduction = "mean"
+        scores = obj.get("scores")
+        if scores is not None:
+            if not isinstance(scores, dict):
+                raise FileFormatError(path, "scores", "expected an object with query_heads and kv_heads")
+            query_heads = require_matrix(require(scores, "query_heads", list, path, "scores."),
+                                         model.num_layers, model.num_query_heads, path, "scores.query_heads")
+            kv_heads = require_matrix(require(scores, "kv_heads", list, path, "scores."),
+                                      model.num_layers, model.num_kv_heads, path, "scores.kv_heads")
+            reduction = require(scores, "group_reduction", str, path, "scores.")
+            if reduction not in GROUP_REDUCTIONS:
+                raise FileFormatError(path, "scores.group_reduction",
+                                      f"expected one of {', '.join(GROUP_REDUCTIONS)}, found {reduction!r}")
+        retention = settings = None
+        ret = obj.get("retention")
+        if ret is not None:
+            if not isinstance(ret, dict) or not isinstance(ret.get("tasks"), dict) or not ret["tasks"]:
+                raise FileFormatError(path, "retention.tasks", "expected an object of task types")
+            settings = ret.get("settings") or {}
+            retention = {}
+            for task, entry in ret["tasks"].items():
+                name = f"retention.tasks.{task}"
+                if not isinstance(entry, dict):
+                    raise FileFormatError(path, name, "expected an object with mean, std and samples")
+                mean = require_matrix([require(entry, "mean", list, path, name + ".")], 1, model.num_layers,
+                                      path, name + ".mean")[0]
+                std = require_matrix([require(entry, "std", list, path, name + ".")], 1, model.num_layers,
+                                     path, name + ".std")[0]
+                retention[task] = LayerRetention(mean=mean, std=std,
+                                                 samples=require(entry, "samples", int, path, name + "."))
+        if query_heads is None and retention is None:
+            raise FileFormatError(path, "scores", "a profile needs head scores or layer retention; found neither")
+        return cls(kind=kind, model=model, probe=probe, trials=trials, query_heads=query_heads,
+                   kv_heads=kv_heads, group_reduction=reduction, retention=retention,
+                   retention_settings=settings, created=str(obj.get("created", "")))
+
+    @classmethod
+    def load(cls, path: str | Path) -> "Profile":
+        """Read and validate a profile file."""
+        return cls.from_json(read_headprobe_file(path, PROFILE_FORMAT, PROFILE_VERSION), path)
+
+
+def reduce_groups(query_scores: list[list[float]], group_size: int, reduction: str = "mean") -> list[list[float]]:
+    """Reduce ``[layers][query_heads]`` scores to ``[layers][kv_heads]`` over each GQA group.
+
+    Query head ``h`` belongs to KV head ``h // group_size`` (transformers' ``repeat_kv`` layout).
+    """
+    if reduction not in GROUP_REDUCTIONS:
+        raise ValueError(f"group reduction must be one of {GROUP_REDUCTIONS}, got {reduction!r}")
+    out = []
+    for row in query_scores:
+        groups = [row[i:i + group_size] for i in range(0, len(row), group_size)]
+        if reduction == "mean":
+            out.append([math.fsum(g) / len(g) for g in groups])
+        elif reduction == "max":
+            out.append([max(g) for g in groups])
+        else:
+            out.append([math.fsum(g) for g in groups])
+    return out

@@ -1,0 +1,78 @@
+"""Shared fixtures: a tiny random Llama for plumbing tests, the real SmolLM2 for slow tests."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprobe.models.identity import identity_from_config
+from headprobe.models.loading import LoadedModel
+
+_TINY_TEXT = (
+    "The river ran past the old mill. Fishermen waited on the bank while the rain came down. "
+    "In the valley the farmers counted their sheep and sold wool in the market every Tuesday. "
+    "Numbers like 42, 1979 and 3.14 appear in reports. The secret code is blue tulip seven. "
+) * 4
+
+
+def _tiny_tokenizer():
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator([_TINY_TEXT], vocab_size=400, min_frequency=1, special_tokens=["<s>", "</s>", "<pad>"])
+    tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                  pad_token="<pad>")
+    return tok
+
+
+def make_tiny_llama(layers: int = 4, heads: int = 4, kv_heads: int = 2, head_dim: int = 16,
+                    seed: int = 0) -> LoadedModel:
+    """A random Llama with a small trained BPE tokenizer: shapes and plumbing only, no quality."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = _tiny_tokenizer()
+    config = LlamaConfig(vocab_size=len(tok), hidden_size=heads * head_dim, intermediate_size=2 * heads * head_dim,
+                         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                         head_dim=head_dim, max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
+                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).eval()
+    model.config._attn_implementation = "sdpa"
+    return LoadedModel(model=model, tokenizer=tok, identity=identity_from_config(config, "tiny-llama", "test"))
+
+
+def make_tiny_gemma3(seed: int = 0) -> LoadedModel:
+    """A random Gemma 3 text model with sliding-window and global layers (window 16)."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    tok = _tiny_tokenizer()
+    config = Gemma3TextConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                              num_attention_heads=4, num_key_value_heads=1, head_dim=16, sliding_window=16,
+                              layer_types=["sliding_attention", "sliding_attention", "sliding_attention",
+                                           "full_attention"],
+                              max_position_embeddings=4096, bos_token_id=tok.bos_token_id,
+                              eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(seed)
+    model = Gemma3ForCausalLM(config).eval()
+    model.config._attn_implementation = "sdpa"
+    return LoadedModel(model=model, tokenizer=tok, identity=identity_from_config(config, "tiny-gemma3", "test"))
+
+
+@pytest.fixture
+def tiny_llama() -> LoadedModel:
+    return make_tiny_llama()
+
+
+@pytest.fixture
+def tiny_gemma3() -> LoadedModel:
+    return make_tiny_gemma3()
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> LoadedModel:
+    """The real SmolLM2-135M-Instruct (float32, CPU), loaded once per test session."""
+    from headprobe import load_model
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    return load_model("smollm2-135m", device="cpu")
