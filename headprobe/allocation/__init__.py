@@ -1,0 +1,56 @@
+"""KV-cache budget allocation: turn profiles into per (layer, KV head) token budgets.
+
+Allocators (one module each): :mod:`.headkv` (HeadKV, with ``compat="headkv"``), :mod:`.dynamickv`,
+:mod:`.combined` (DynamicKV layer budgets split by head scores), :mod:`.uniform` (SnapKV),
+:mod:`.pyramid` (PyramidKV). :func:`clamp_and_redistribute` fits budgets to a prompt at run time.
+"""
+
+from .api import (
+    DEFAULT_BETA,
+    METHODS,
+    FoundProfile,
+    allocate,
+    find_profiles,
+    load_profile,
+    newest_profile,
+    profile_search_dirs,
+    summarize,
+)
+from .clamp import clamp_and_redistribute, clamp_for_model, scale_to_prompt
+from .combined import allocate_combined, split_layer_pools
+from .common import Capacity, largest_remainder, prepare_scores, resolve_capacity
+from .dynamickv import allocate_dynamickv, parse_task_mix, retention_shares
+from .headkv import allocate_headkv, headkv_budgets, headkv_compat_budgets, headkv_floor
+from .pyramid import allocate_pyramid, pyramid_layer_weights
+from .uniform import allocate_uniform
+
+__all__ = [
+    "DEFAULT_BETA",
+    "METHODS",
+    "Capacity",
+    "FoundProfile",
+    "allocate",
+    "allocate_combined",
+    "allocate_dynamickv",
+    "allocate_headkv",
+    "allocate_pyramid",
+    "allocate_uniform",
+    "clamp_and_redistribute",
+    "clamp_for_model",
+    "find_profiles",
+    "headkv_budgets",
+    "headkv_compat_budgets",
+    "headkv_floor",
+    "largest_remainder",
+    "load_profile",
+    "newest_profile",
+    "parse_task_mix",
+    "prepare_scores",
+    "profile_search_dirs",
+    "pyramid_layer_weights",
+    "resolve_capacity",
+    "retention_shares",
+    "scale_to_prompt",
+    "split_layer_pools",
+    "summarize",
+]

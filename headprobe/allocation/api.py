@@ -1,0 +1,179 @@
+"""One entry point over the allocators, profile discovery, and a short text summary of a budget map."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..budget import BudgetMap
+from ..errors import FileFormatError, HeadprobeError
+from ..models.identity import ModelIdentity
+from ..paths import shipped_profiles_dir
+from ..profile import Profile
+from .combined import allocate_combined
+from .dynamickv import allocate_dynamickv
+from .headkv import allocate_headkv
+from .pyramid import DEFAULT_PYRAMID_BETA, allocate_pyramid
+from .uniform import allocate_uniform
+
+METHODS = ("headkv", "dynamickv", "combined", "uniform", "pyramid")
+DEFAULT_BETA = 1.2
+
+
+@dataclass
+class FoundProfile:
+    """A profile file found on disk."""
+
+    path: Path
+    profile: Profile
+
+
+def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: ModelIdentity | None = None, *,
+             capacity: int | None = 128, window: int = 8, sink: int = 0, beta: float | None = None,
+             ratio: float | None = None, prompt_len: int | None = None, temperature: float | None = None,
+             reduction: str | None = None, task: str | Mapping[str, float] | None = None,
+             compat: str | None = None, clamp: bool = False, allow_fallback: bool = False,
+             source_paths: Sequence[str | None] | None = None) -> BudgetMap:
+    """Allocate a budget map with the named method.
+
+    Parameters
+    ----------
+    method
+        ``"headkv"`` (one head-score profile), ``"dynamickv"`` (one layer-retention profile),
+        ``"combined"`` (both, in either order), ``"uniform"`` or ``"pyramid"`` (no profile needed).
+    profiles
+        The profiles the method reads; every one must fit ``model``.
+    model
+        The model to allocate for (default: the first profile's model).
+    beta
+        HeadKV's β (default 1.2) for ``headkv``/``combined``; PyramidKV's β (default 20) for ``pyramid``.
+
+    Other parameters are those of the allocator (see :mod:`headprobe.allocation`).
+
+    Raises
+    ------
+    HeadprobeError
+        Unknown method, missing or wrong profiles, bad parameters, or a profile of another model.
+    """
+    if method not in METHODS:
+        raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(METHODS)}")
+    profiles = list(profiles)
+    paths = list(source_paths) if source_paths is not None else [None] * len(profiles)
+    paths += [None] * (len(profiles) - len(paths))
+    if model is None:
+        if not profiles:
+            raise HeadprobeError(f"method {method} needs a model (or a profile to take it from)")
+        model = profiles[0].model
+    for p in profiles:
+        p.model.check_fits(model, what=f"{p.kind} profile")
+    heads = [(p, s) for p, s in zip(profiles, paths) if p.query_heads is not None]
+    layers = [(p, s) for p, s in zip(profiles, paths) if p.retention]
+    common = dict(capacity=capacity, window=window, sink=sink, ratio=ratio, prompt_len=prompt_len, clamp=clamp)
+    if compat is not None and method != "headkv":
+        raise HeadprobeError(f"compat={compat!r} exists only for method headkv")
+    if method == "headkv":
+        if not heads:
+            raise HeadprobeError("method headkv needs a head-score profile (retrieval or retrieval_reasoning)")
+        p, s = heads[0]
+        return allocate_headkv(p, model, beta=DEFAULT_BETA if beta is None else beta, temperature=temperature,
+                               reduction=reduction, compat=compat, allow_fallback=allow_fallback,
+                               source_path=s, **common)
+    if method == "dynamickv":
+        if not layers:
+            raise HeadprobeError("method dynamickv needs a layer_retention profile "
+                                 "(make one with `headprobe profile --probe layer_retention`)")
+        p, s = layers[0]
+        return allocate_dynamickv(p, model, task=task, source_path=s, **common)
+    if method == "combined":
+        lp = [(p, s) for p, s in layers if p.query_heads is None] or layers
+        hp = [(p, s) for p, s in heads if p is not (lp[0][0] if lp else None)] or heads
+        if not hp or not lp:
+            raise HeadprobeError("method combined needs a head-score profile and a layer_retention profile")
+        return allocate_combined(hp[0][0], lp[0][0], model, beta=DEFAULT_BETA if beta is None else beta,
+                                 task=task, temperature=temperature, reduction=reduction,
+                                 allow_fallback=allow_fallback, source_paths=(hp[0][1], lp[0][1]), **common)
+    if method == "uniform":
+        return allocate_uniform(model, **common)
+    return allocate_pyramid(model, beta=DEFAULT_PYRAMID_BETA if beta is None else beta, **common)
+
+
+def profile_search_dirs() -> list[Path]:
+    """Where :func:`find_profiles` looks: ``./profiles`` (the working directory), then the shipped ones."""
+    dirs = [Path.cwd() / "profiles", shipped_profiles_dir()]
+    out: list[Path] = []
+    for d in dirs:
+        if d.is_dir() and all(d.resolve() != o.resolve() for o in out):
+            out.append(d)
+    return out
+
+
+def find_profiles(model: ModelIdentity | str, kind: str = "retrieval_reasoning",
+                  dirs: Sequence[Path] | None = None) -> list[FoundProfile]:
+    """Profiles of ``kind`` for ``model``, newest first (by ``created``; local before shipped on ties).
+
+    ``model`` is an identity (matched by fingerprint) or a bare model name (matched by name, when the
+    model's config cannot be read). Files that are not valid profiles are skipped.
+    """
+    found: list[tuple[str, int, FoundProfile]] = []
+    for rank, d in enumerate(dirs if dirs is not None else profile_search_dirs()):
+        for path in sorted(Path(d).glob("*.json")):
+            try:
+                prof = Profile.load(path)
+            except (HeadprobeError, OSError, ValueError):
+                continue
+            if prof.kind != kind:
+                continue
+            ok = prof.model.fingerprint == model.fingerprint if isinstance(model, ModelIdentity) \
+                else prof.model.name == model
+            if ok:
+                found.append((prof.created, -rank, FoundProfile(path, prof)))
+    found.sort(key=lambda t: (t[0], t[1]), reverse=True)
+    return [f for _, _, f in found]
+
+
+def newest_profile(model: ModelIdentity | str, kind: str = "retrieval_reasoning",
+                   dirs: Sequence[Path] | None = None) -> FoundProfile:
+    """The newest profile of ``kind`` for ``model``; a one-line error saying how to make one if none."""
+    found = find_profiles(model, kind, dirs)
+    if not found:
+        name = model.name if isinstance(model, ModelIdentity) else model
+        where = ", ".join(str(d) for d in (dirs if dirs is not None else profile_search_dirs())) or "./profiles"
+        raise HeadprobeError(f"no {kind} profile of {name} found in {where}; make one with "
+                             f"`headprobe profile --probe {kind}` or pass --profile FILE")
+    return found[0]
+
+
+def load_profile(path: str | Path) -> Profile:
+    """Load a profile, with a hint when the file is a budget map instead."""
+    try:
+        return Profile.load(path)
+    except FileFormatError as exc:
+        if exc.field == "format":
+            raise FileFormatError(path, "format", f"{exc.expected}; --profile expects a headprobe profile "
+                                  "(import other tools' files with `headprobe import`)") from None
+        raise
+
+
+def summarize(bm: BudgetMap) -> str:
+    """A few lines: method, total, min/median/max per head, per-layer totals."""
+    b = np.asarray(bm.budgets, dtype=np.int64)
+    m = bm.method
+    unit = "KV head" if bm.granularity == "kv_head" else "query head"
+    params = ", ".join(f"{k} {m[k]}" for k in ("beta", "capacity", "ratio", "window", "sink", "temperature",
+                                               "reduction", "compat", "clamped_to") if m.get(k) is not None)
+    flat = np.sort(b.ravel())
+    lines = [
+        f"{bm.model.name}: {m['allocator']} ({params})",
+        f"total {int(b.sum())} tokens over {b.shape[0]} layers x {b.shape[1]} {unit}s; per {unit}: "
+        f"min {int(flat[0])}, median {int(flat[len(flat) // 2])}, max {int(flat[-1])}",
+        "per-layer totals: " + " ".join(str(int(x)) for x in b.sum(axis=1)),
+    ]
+    return "\n".join(lines)
+
+
+__all__: Sequence[str] = ("DEFAULT_BETA", "METHODS", "FoundProfile", "allocate", "find_profiles", "load_profile",
+                          "newest_profile", "profile_search_dirs", "summarize")
+

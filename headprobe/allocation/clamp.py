@@ -1,0 +1,140 @@
+"""Clamp per-head budgets to what a prompt holds and give the excess to heads that can use it.
+
+A head cannot keep more tokens than the prompt has. HeadKV's code lets a head "own" 1273 slots of a
+900-token prompt and the rest of the total is lost; here the slots a head cannot use go to the heads
+that still have room, in proportion to their budgets, so the cache holds as many tokens as it may.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from ..errors import HeadprobeError
+from .common import largest_remainder
+
+
+def clamp_and_redistribute(budgets, prompt_len, window: int = 0, sink: int = 0, weights=None, limits=None):
+    """Clamp budgets to a prompt length and redistribute the excess exactly.
+
+    Parameters
+    ----------
+    budgets
+        ``[layers][heads]`` or ``[batch][layers][heads]`` non-negative integer token budgets (window and
+        sink included), as nested lists or a NumPy array.
+    prompt_len
+        An ``int``, or one length per batch row (a sequence or 1-D array of ``batch`` ints). With a 2-D
+        ``budgets`` and several lengths, the same budgets are clamped once per row.
+    window, sink
+        Tokens every head always keeps (the last ``window`` and the first ``sink`` prompt tokens). Each
+        head ends with at least ``min(window + sink, its limit)``; budgets below that floor are an error.
+    weights
+        Optional ``[layers][heads]`` non-negative weights deciding who gets the excess; default: the
+        budgets themselves (a head that was given more gets more of the excess).
+    limits
+        Optional ``[layers]`` per-layer caps on top of the prompt length (e.g. a sliding-window size;
+        ``None`` entries mean no cap).
+
+    Returns
+    -------
+    Same kind as ``budgets`` (nested lists of ``int`` or an ``int64`` array): ``[layers][heads]`` for one
+    prompt length, ``[batch][layers][heads]`` for several. For each row, every head holds at most
+    ``min(prompt_len, limit)`` tokens and the total equals ``min(sum(budgets), heads_total_room)``:
+    nothing is lost unless the whole prompt fits everywhere. Ties go to the lower (layer, head).
+
+    Examples
+    --------
+    >>> clamp_and_redistribute([[100, 20], [20, 20]], prompt_len=50)
+    [[50, 37], [37, 36]]
+    """
+    as_list = not isinstance(budgets, np.ndarray)
+    b = np.asarray(budgets, dtype=np.int64)
+    if b.ndim not in (2, 3):
+        raise ValueError(f"budgets must be [layers][heads] or [batch][layers][heads], got shape {b.shape}")
+    if np.any(b < 0):
+        raise ValueError("budgets must be non-negative")
+    lens = np.atleast_1d(np.asarray(prompt_len, dtype=np.int64))
+    scalar_len = np.ndim(prompt_len) == 0
+    if lens.ndim != 1 or np.any(lens < 0):
+        raise ValueError(f"prompt_len must be a non-negative int or a 1-D sequence of them, got {prompt_len!r}")
+    if b.ndim == 3:
+        if scalar_len:
+            lens = np.full(b.shape[0], int(lens[0]))
+        elif len(lens) != b.shape[0]:
+            raise ValueError(f"{b.shape[0]} budget rows but {len(lens)} prompt lengths")
+        rows = b
+    else:
+        rows = np.broadcast_to(b, (len(lens), *b.shape))
+    layers, heads = rows.shape[1:]
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if w is not None and w.shape != (layers, heads):
+        raise ValueError(f"weights must have shape {(layers, heads)}, got {w.shape}")
+    lim = np.full(layers, np.iinfo(np.int64).max, dtype=np.int64)
+    if limits is not None:
+        if len(limits) != layers:
+            raise ValueError(f"limits must have one entry per layer ({layers}), got {len(limits)}")
+        lim = np.array([np.iinfo(np.int64).max if x is None else int(x) for x in limits], dtype=np.int64)
+    out = np.stack([_clamp_one(r, int(n), window + sink, w, lim) for r, n in zip(rows, lens)])
+    if scalar_len and b.ndim == 2:
+        out = out[0]
+    return out.tolist() if as_list else out
+
+
+def _clamp_one(b: np.ndarray, prompt_len: int, floor: int, weights: np.ndarray | None,
+               limits: np.ndarray) -> np.ndarray:
+    room = np.minimum(prompt_len, limits)[:, None].repeat(b.shape[1], axis=1)
+    if np.any(b < np.minimum(floor, room)):
+        raise ValueError(f"a budget is below the floor of {floor} tokens (window + sink)")
+    target = min(int(b.sum()), int(room.sum()))
+    w = (b if weights is None else weights).astype(np.float64)
+    cur = np.minimum(b, room)
+    excess = target - int(cur.sum())
+    while excess > 0:
+        open_ = cur < room
+        ow = np.where(open_, w, 0.0)
+        if ow.sum() <= 0:
+            ow = open_.astype(np.float64)
+        cur = cur + largest_remainder(ow, excess)
+        over = np.maximum(cur - room, 0)
+        cur = cur - over
+        excess = int(over.sum())
+    return cur
+
+
+def scale_to_prompt(shares, prompt_len: int, ratio: float, window: int = 0, sink: int = 0) -> np.ndarray:
+    """Budgets for one prompt from a map's ``shares``: ``ratio · prompt_len`` tokens per head on average.
+
+    Parameters
+    ----------
+    shares
+        ``[layers][heads]`` summing to 1 (``BudgetMap.shares``).
+
+    Returns
+    -------
+    np.ndarray
+        ``int64 [layers][heads]``: at least ``window + sink`` per head, summing exactly to
+        ``max(round(ratio·prompt_len), window + sink) · layers · heads`` before clamping, then clamped
+        to the prompt with :func:`clamp_and_redistribute`.
+    """
+    s = np.asarray(shares, dtype=np.float64)
+    n = s.size
+    floor = window + sink
+    per_head = max(int(np.floor(ratio * prompt_len + 0.5)), floor)
+    total = per_head * n
+    b = floor + largest_remainder(np.clip(s, 0, None), total - floor * n)
+    return clamp_and_redistribute(b, prompt_len, window=window, sink=sink)
+
+
+def clamp_for_model(budgets: np.ndarray, cap, prompt_len: int | None, model) -> np.ndarray:
+    """Clamp an allocator's budgets to ``prompt_len`` for ``model`` (sliding-window layers capped at
+    their window). ``cap`` is a :class:`~headprobe.allocation.common.Capacity`."""
+    if prompt_len is None:
+        raise HeadprobeError("clamping needs a prompt length (--prompt-len)")
+    limits = None
+    if model.sliding_window and model.layer_types:
+        limits = [model.sliding_window if t == "sliding_attention" else None for t in model.layer_types]
+    return clamp_and_redistribute(np.asarray(budgets), prompt_len, cap.window, cap.sink, limits=limits)
+
+
+__all__: Sequence[str] = ("clamp_and_redistribute", "clamp_for_model", "scale_to_prompt")

@@ -1,0 +1,224 @@
+"""Shared pieces of the allocators: exact integer apportionment, parameter checks, score preparation.
+
+Every allocator in this package produces integer budgets ``[layers][kv_heads]`` that sum exactly to the
+target total, never give a head less than its floor (the window and the sink are always kept), and
+break ties deterministically by (layer, head).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..budget import BudgetMap
+from ..errors import HeadprobeError
+from ..models.identity import ModelIdentity
+from ..profile import GROUP_REDUCTIONS, Profile, reduce_groups
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """Resolved per-head capacity of an allocation.
+
+    Attributes
+    ----------
+    capacity
+        Average tokens kept per KV head, window and sink included.
+    window, sink
+        Tokens always kept per head: the last ``window`` prompt tokens and the first ``sink`` ones.
+    ratio, prompt_len
+        Set when the capacity was given as a share of a prompt length.
+    """
+
+    capacity: int
+    window: int
+    sink: int
+    ratio: float | None = None
+    prompt_len: int | None = None
+
+    @property
+    def base(self) -> int:
+        """Tokens per head beyond the window and the sink (HeadKV's ``b``, DynamicKV's ``B``)."""
+        return self.capacity - self.window - self.sink
+
+
+def resolve_capacity(capacity: int | None = 128, window: int = 8, sink: int = 0, ratio: float | None = None,
+                     prompt_len: int | None = None) -> Capacity:
+    """Check and resolve the capacity parameters.
+
+    ``ratio`` (a share of ``prompt_len``) replaces ``capacity`` when given.
+
+    Raises
+    ------
+    HeadprobeError
+        Negative window or sink, a capacity smaller than window + sink, a ratio outside (0, 1], or a
+        ratio without a prompt length.
+    """
+    if not isinstance(window, (int, np.integer)) or window < 0:
+        raise HeadprobeError(f"window must be a non-negative integer, got {window!r}")
+    if not isinstance(sink, (int, np.integer)) or sink < 0:
+        raise HeadprobeError(f"sink must be a non-negative integer, got {sink!r}")
+    if ratio is not None:
+        if not (0 < ratio <= 1):
+            raise HeadprobeError(f"ratio must be in (0, 1], got {ratio!r}")
+        if prompt_len is None or prompt_len <= 0:
+            raise HeadprobeError("a ratio needs a prompt length (--prompt-len) to turn into a capacity")
+        capacity = int(math.floor(ratio * prompt_len + 0.5))
+    if capacity is None or not isinstance(capacity, (int, np.integer)):
+        raise HeadprobeError(f"capacity must be an integer, got {capacity!r}")
+    if capacity <= window + sink:
+        raise HeadprobeError(
+            f"capacity {capacity} must be larger than the window ({window}) plus the sink ({sink}): "
+            "there would be no tokens left to choose")
+    return Capacity(int(capacity), int(window), int(sink), ratio, prompt_len)
+
+
+def check_beta(beta: float) -> float:
+    """HeadKV's β must be a finite number above 1 (β = 1 leaves no shared pool, β < 1 a negative floor)."""
+    if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta) or beta <= 1:
+        raise HeadprobeError(f"beta must be a number larger than 1, got {beta!r}")
+    return float(beta)
+
+
+def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
+    """Split the integer ``total`` in proportion to ``weights`` exactly.
+
+    Parameters
+    ----------
+    weights
+        Any shape, non-negative, not all zero (all zero splits evenly).
+    total
+        Non-negative integer.
+
+    Returns
+    -------
+    np.ndarray
+        ``int64`` of the same shape summing to ``total``. Each entry is the floor of its quota plus one
+        for the entries with the largest remainders; equal remainders go to the lower flat index, i.e.
+        to the lower (layer, head).
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    if total < 0:
+        raise ValueError(f"total must be non-negative, got {total}")
+    flat = w.ravel()
+    if flat.size == 0:
+        return np.zeros(w.shape, dtype=np.int64)
+    s = flat.sum()
+    if not np.isfinite(s) or s <= 0:
+        flat = np.ones_like(flat)
+        s = float(flat.size)
+    quota = flat / s * total
+    base = np.floor(quota).astype(np.int64)
+    # Guard against float drift: never exceed the total.
+    while base.sum() > total:
+        base[np.argmax(base)] -= 1
+    left = int(total - base.sum())
+    if left:
+        rem = quota - base
+        order = np.lexsort((np.arange(flat.size), -rem))  # largest remainder first, then lowest index
+        base[order[:left]] += 1
+    return base.reshape(w.shape)
+
+
+def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback: bool = False,
+                   what: str = "profile") -> tuple[np.ndarray, bool]:
+    """Turn head scores into non-negative weights summing to 1.
+
+    Parameters
+    ----------
+    scores
+        ``[layers][heads]`` scores.
+    temperature
+        Optional: weights ``∝ score ** (1 / temperature)``; above 1 flattens, below 1 sharpens.
+        ``None`` or 1 leaves the scores as they are (HeadKV).
+    allow_fallback
+        With all-zero or non-finite scores, return uniform weights instead of refusing.
+
+    Returns
+    -------
+    weights, fell_back
+        ``[layers][heads]`` float64 summing to 1, and whether the uniform fallback was used.
+
+    Raises
+    ------
+    HeadprobeError
+        Negative scores, or all-zero / NaN scores without ``allow_fallback``.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    if temperature is not None and (not math.isfinite(temperature) or temperature <= 0):
+        raise HeadprobeError(f"temperature must be a positive number, got {temperature!r}")
+    bad = None
+    if not np.all(np.isfinite(s)):
+        bad = "has NaN or infinite scores"
+    elif np.any(s < 0):
+        raise HeadprobeError(f"{what} has negative scores (min {s.min():.3g}); head scores must be >= 0")
+    elif s.sum() <= 0:
+        bad = "has all-zero scores"
+    if bad:
+        if not allow_fallback:
+            raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass allow_fallback / --fallback-uniform "
+                                 "to allocate uniformly instead)")
+        return np.full(s.shape, 1.0 / s.size), True
+    if temperature is not None and temperature != 1:
+        s = s ** (1.0 / temperature)
+    return s / s.sum(), False
+
+
+def kv_head_scores(profile: Profile, reduction: str | None = None) -> list[list[float]]:
+    """The profile's scores at KV-head granularity, reduced over each GQA group with ``reduction``.
+
+    ``None`` uses the reduction the profile was written with (its stored ``kv_heads``).
+    """
+    if profile.query_heads is None:
+        raise HeadprobeError(f"{profile.kind} profile of {profile.model.name} has no head scores "
+                             "(a layer-retention profile cannot drive a head allocator)")
+    if reduction is None or (reduction == profile.group_reduction and profile.kv_heads is not None):
+        if profile.kv_heads is not None:
+            return profile.kv_heads
+        reduction = "mean"
+    if reduction not in GROUP_REDUCTIONS:
+        raise HeadprobeError(f"reduction must be one of {', '.join(GROUP_REDUCTIONS)}, got {reduction!r}")
+    return reduce_groups(profile.query_heads, profile.model.group_size, reduction)
+
+
+def check_profile_model(profile: Profile, model: ModelIdentity | None) -> ModelIdentity:
+    """The model to allocate for: ``model`` if given (the profile must fit it), else the profile's."""
+    if model is None:
+        return profile.model
+    profile.model.check_fits(model, what=f"{profile.kind} profile")
+    return model
+
+
+def source_entry(profile: Profile, path: str | None = None) -> dict[str, Any]:
+    """The ``method.sources`` entry citing a profile."""
+    src = path if path is not None else profile.probe.get("path") if isinstance(profile.probe, dict) else None
+    return {"kind": profile.kind, "fingerprint": profile.fingerprint, "path": None if src is None else str(src)}
+
+
+def build_budget_map(model: ModelIdentity, budgets: np.ndarray, method: dict[str, Any],
+                     granularity: str = "kv_head") -> BudgetMap:
+    """Wrap integer budgets in a :class:`BudgetMap`; shares are budgets divided by their total."""
+    b = np.asarray(budgets, dtype=np.int64)
+    total = int(b.sum())
+    shares = (b / total) if total > 0 else np.full(b.shape, 1.0 / b.size)
+    return BudgetMap(model=model, method=method, shares=shares.tolist(), budgets=b.tolist(),
+                     granularity=granularity)
+
+
+def method_block(allocator: str, cap: Capacity, **extra: Any) -> dict[str, Any]:
+    """Every parameter that produced a map, in the shape :class:`BudgetMap.method` documents."""
+    out: dict[str, Any] = {
+        "allocator": allocator, "beta": None, "capacity": cap.capacity, "ratio": cap.ratio,
+        "prompt_len": cap.prompt_len, "window": cap.window, "sink": cap.sink, "temperature": None,
+        "reduction": None, "compat": None, "sources": [],
+    }
+    out.update(extra)
+    return out
+
+
+def as_int_matrix(values: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
+    return np.asarray(values, dtype=np.int64)
