@@ -124,6 +124,10 @@ def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
     return base.reshape(w.shape)
 
 
+#: Scores down to this far below zero are read as 0 (learned gates such as DuoAttention's end at -1e-4).
+NEGATIVE_NOISE = 1e-3
+
+
 def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback: bool = False,
                    what: str = "profile") -> tuple[np.ndarray, bool]:
     """Turn head scores into non-negative weights summing to 1.
@@ -146,7 +150,7 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
     Raises
     ------
     HeadprobeError
-        Negative scores, or all-zero / NaN scores without ``allow_fallback``.
+        Scores below ``-NEGATIVE_NOISE``, or all-zero / NaN scores without ``allow_fallback``.
     """
     s = np.asarray(scores, dtype=np.float64)
     if temperature is not None and (not math.isfinite(temperature) or temperature <= 0):
@@ -154,10 +158,12 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
     bad = None
     if not np.all(np.isfinite(s)):
         bad = "has NaN or infinite scores"
-    elif np.any(s < 0):
+    elif np.any(s < -NEGATIVE_NOISE):
         raise HeadprobeError(f"{what} has negative scores (min {s.min():.3g}); head scores must be >= 0")
-    elif s.sum() <= 0:
-        bad = "has all-zero scores"
+    else:
+        s = np.maximum(s, 0.0)  # learned gates (DuoAttention) end slightly below 0: that is 0
+        if s.sum() <= 0:
+            bad = "has all-zero scores"
     if bad:
         if not allow_fallback:
             raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass allow_fallback / --fallback-uniform "

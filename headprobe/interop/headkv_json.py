@@ -1,0 +1,106 @@
+"""HeadKV / Retrieval_Head score files: one-line JSON ``{"<layer>-<queryhead>": [score, ...], ...}``.
+
+Every query head of every layer is present, in layer-major order; each value is the list of per-trial
+scores and consumers take its mean (``np.mean``). Importing keeps that mean per head (the numbers HeadKV
+allocates by); exporting writes each head's score as a one-element list, so the mean, and every
+allocation made from it, is unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import FileFormatError
+from ..jsonio import atomic_write_text, file_fingerprint, read_json
+from ..models.identity import ModelIdentity
+from ..profile import PROFILE_KINDS, Profile, reduce_groups
+from .known import check_overwrite, import_identity
+
+_KEY = re.compile(r"^(\d+)-(\d+)$")
+
+
+def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None, kind: str | None = None,
+                     source: str | None = None) -> Profile:
+    """Import a HeadKV or Retrieval_Head score file as a profile.
+
+    Parameters
+    ----------
+    path
+        The JSON file.
+    model
+        Alias, HF id or identity of the model; default: from the file name (see
+        :data:`~headprobe.interop.known.FILE_NAMES`).
+    kind
+        Profile kind; default ``retrieval_reasoning`` when the file name says ``reasoning``, else
+        ``retrieval``.
+    source
+        ``probe.source`` label; default ``"headkv"`` or ``"retrieval_head"`` from the file name.
+
+    Raises
+    ------
+    FileFormatError
+        Keys not ``"<layer>-<head>"``, missing heads, empty or non-numeric score lists.
+    """
+    path = Path(path)
+    obj = read_json(path)
+    if not isinstance(obj, dict) or not obj:
+        raise FileFormatError(path, None, 'expected a JSON object {"<layer>-<head>": [scores]}')
+    cells: dict[tuple[int, int], float] = {}
+    trials = set()
+    for key, value in obj.items():
+        m = _KEY.match(key)
+        if not m:
+            raise FileFormatError(path, key, 'keys must look like "<layer>-<queryhead>", e.g. "12-7"')
+        vals = value if isinstance(value, list) else [value]
+        if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            raise FileFormatError(path, key, "expected a non-empty list of numbers")
+        mean = float(np.mean(vals))
+        if not np.isfinite(mean):
+            raise FileFormatError(path, key, "scores must be finite")
+        cells[(int(m.group(1)), int(m.group(2)))] = mean
+        trials.add(len(vals))
+    layers = 1 + max(layer for layer, _ in cells)
+    heads = 1 + max(h for _, h in cells)
+    missing = [f"{layer}-{h}" for layer in range(layers) for h in range(heads) if (layer, h) not in cells]
+    if missing:
+        raise FileFormatError(path, missing[0], f"missing ({len(missing)} of {layers * heads} heads absent; "
+                              "every layer-head key must be present)")
+    stem = path.stem
+    for suffix in ("_retrieval_reasoning_heads", "_retrieval_heads"):
+        stem = stem.removesuffix(suffix)
+    ident = import_identity(path, stem, model, layers, heads, "query")
+    if kind is None:
+        kind = "retrieval_reasoning" if "reasoning" in path.stem else "retrieval"
+    if kind not in PROFILE_KINDS or kind == "layer_retention":
+        raise FileFormatError(path, None, f"cannot import as kind {kind!r}")
+    if source is None:
+        source = "headkv" if path.stem.endswith(("_heads",)) else "retrieval_head"
+    q = [[cells[(layer, h)] for h in range(heads)] for layer in range(layers)]
+    n = max(trials)
+    probe: dict[str, Any] = {"kind": kind, "source": source, "path": str(path),
+                             "file_sha256": file_fingerprint(path), "trials_per_head": sorted(trials)}
+    return Profile(kind=kind, model=ident, probe=probe, trials={"total": n, "passed": n}, query_heads=q,
+                   kv_heads=reduce_groups(q, ident.group_size, "mean"), group_reduction="mean")
+
+
+def headkv_json_text(profile: Profile) -> str:
+    """The one-line JSON text of a profile's query-head scores, layer-major."""
+    if profile.query_heads is None:
+        raise FileFormatError("<profile>", "scores", "a layer-retention profile has no head scores to export")
+    out = {f"{layer}-{h}": [float(s)] for layer, row in enumerate(profile.query_heads) for h, s in enumerate(row)}
+    return json.dumps(out, allow_nan=False)
+
+
+def write_headkv_json(profile: Profile, path: str | Path, force: bool = False) -> Path:
+    """Export a profile as a HeadKV / Retrieval_Head score file (one line, every head, layer-major)."""
+    path = check_overwrite(path, force)
+    return atomic_write_text(path, headkv_json_text(profile) + "\n")
+
+
+__all__ = ("headkv_json_text", "read_headkv_json", "write_headkv_json")
+
