@@ -59,7 +59,9 @@ class LayerStore:
         self.values = torch.empty(total, head_dim, dtype=dtype, device=device)
         self.positions = torch.full((total,), -1, dtype=torch.int32, device=device)
         self.log_votes = torch.zeros(total, dtype=torch.float32, device=device) if votes else None
-        self.extra_bytes = 0  # policy state counted as cache memory (MorphKV queries, KeepKV scores)
+        self.extra_bytes = 0  # policy state counted as cache memory (MorphKV queries)
+        #: Per-pair policy statistics ``[total_capacity, ...]`` that move with their pair (KeepKV scores).
+        self.aux: dict[str, torch.Tensor] = {}
 
     # ---- sizes -----------------------------------------------------------------------------------
 
@@ -76,6 +78,7 @@ class LayerStore:
         tensors = [self.keys, self.values, self.positions, self.offsets, self.lengths, self.capacity]
         if self.log_votes is not None:
             tensors.append(self.log_votes)
+        tensors.extend(self.aux.values())
         return sum(t.numel() * t.element_size() for t in tensors) + self.extra_bytes
 
     def bytes_per_token(self) -> int:
@@ -110,6 +113,26 @@ class LayerStore:
         return out
 
     # ---- writes ----------------------------------------------------------------------------------
+
+    def add_aux(self, name: str, trailing: tuple[int, ...] = (), fill: float = 0.0) -> torch.Tensor:
+        """Allocate a per-pair statistic ``[total_capacity, *trailing]`` float32."""
+        self.aux[name] = torch.full((self.keys.shape[0], *trailing), fill, dtype=torch.float32,
+                                    device=self.keys.device)
+        return self.aux[name]
+
+    def _move_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        for t in (self.keys, self.values, self.positions, self.log_votes, *self.aux.values()):
+            if t is not None:
+                t[dst] = t[src].clone()
+
+    def remove(self, local_slot: torch.Tensor, mask: torch.Tensor) -> None:
+        """Drop pair ``local_slot[s]`` of every segment where ``mask[s]`` (the last pair moves into its slot)."""
+        if not bool(mask.any()):
+            return
+        src = (self.offsets + self.lengths - 1)[mask]
+        dst = (self.offsets + local_slot)[mask]
+        self._move_rows(dst, src)
+        self.lengths = self.lengths - mask.long()
 
     def _track_peak(self) -> None:
         torch.maximum(self.peak_lengths, self.lengths, out=self.peak_lengths)
@@ -177,6 +200,8 @@ class LayerStore:
         self.positions[rows] = pos[ok].to(torch.int32)
         if self.log_votes is not None:
             self.log_votes[rows] = 0.0
+        for t in self.aux.values():
+            t[rows] = 0.0
         self.lengths += ok.long().sum(1)
         self._track_peak()
 
@@ -199,6 +224,8 @@ class LayerStore:
         self.positions[rows] = positions[:, None].expand(self.batch, self.kv_heads).reshape(-1).to(torch.int32)
         if self.log_votes is not None:
             self.log_votes[rows] = 0.0
+        for t in self.aux.values():
+            t[rows] = 0.0
 
     def keep_in_place(self, local_index: torch.Tensor, count: torch.Tensor) -> None:
         """Keep only the given pairs of each segment, moved to the front of the segment (no realloc).
@@ -218,11 +245,7 @@ class LayerStore:
         valid = ar[None, :] < count[:, None]
         src = (self.offsets[:, None] + local_index.clamp(min=0))[valid]
         dst = (self.offsets[:, None] + ar[None, :])[valid]
-        self.keys[dst] = self.keys[src].clone()
-        self.values[dst] = self.values[src].clone()
-        self.positions[dst] = self.positions[src].clone()
-        if self.log_votes is not None:
-            self.log_votes[dst] = self.log_votes[src].clone()
+        self._move_rows(dst, src)
         self.lengths = count.to(self.lengths.dtype).clone()
 
     def relayout(self, reserve: torch.Tensor | int) -> None:
@@ -240,6 +263,9 @@ class LayerStore:
         new.positions[dst] = self.positions[src]
         if self.log_votes is not None:
             new.log_votes[dst] = self.log_votes[src]
+        for name, t in self.aux.items():
+            new.aux[name] = torch.zeros((new.keys.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+            new.aux[name][dst] = t[src]
         new.lengths = self.lengths.clone()
         new.peak_lengths = torch.maximum(self.peak_lengths, new.lengths)
         new.extra_bytes = self.extra_bytes

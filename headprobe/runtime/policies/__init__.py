@@ -8,3 +8,14 @@ from .streaming import Streaming
 POLICIES: dict[str, type[Policy]] = {"full": Full, "snapkv": SnapKV, "streaming": Streaming}
 
 __all__ = ["Full", "LayerContext", "POLICIES", "Policy", "SnapKV", "Streaming"]
+
+from .keydiff import KeyDiff  # noqa: E402
+from .morphkv import MorphKV  # noqa: E402
+
+POLICIES.update({"keydiff": KeyDiff, "morphkv": MorphKV})
+__all__ += ["KeyDiff", "MorphKV"]
+
+from .keepkv import KeepKV  # noqa: E402
+
+POLICIES["keepkv"] = KeepKV
+__all__ += ["KeepKV"]

@@ -22,17 +22,7 @@ def evict_oldest(ctx: LayerContext, protect_first: int) -> None:
     pos = view["positions"].masked_fill(~view["valid"], 1 << 60)
     pos = pos.masked_fill(pos < protect_first, 1 << 60)
     slot = pos.argmin(1)
-    # Full segments drop their oldest pair by moving their last pair into its slot (order is free).
-    last = store.lengths - 1
-    idx = torch.arange(store.segments, device=slot.device)[full]
-    src = (store.offsets + last)[full]
-    dst = (store.offsets + slot)[full]
-    store.keys[dst] = store.keys[src]
-    store.values[dst] = store.values[src]
-    store.positions[dst] = store.positions[src]
-    if store.log_votes is not None:
-        store.log_votes[dst] = store.log_votes[src]
-    store.lengths[idx] -= 1
+    store.remove(slot, full)
 
 
 @dataclass

@@ -1,0 +1,163 @@
+"""``keepkv``: eviction with merging and electoral votes.
+
+Every stored pair carries votes ``p`` (``log p`` is added to its attention logit). The prompt is cut with
+SnapKV's selection; each evicted pair merges into the retained pair of the same KV head with the highest
+key cosine similarity when it is at least ``threshold``, else it is dropped (:mod:`.merge`). While
+decoding, a full head evicts its lowest-scored pair (estimated ``p · s``, outside the recent window) the
+same way. Scores are estimated per pair from the logits the queries give it: an exponential moving average
+(``ema``) or the mean over the last ``score_window`` steps (``window_mean``). ``key_merge`` defaults to
+``convex`` (the released code's choice; the paper's ``zip`` is exact for one step but reported to lose
+accuracy at small budgets).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import ClassVar
+
+import torch
+
+from ...errors import HeadprobeError
+from ..store import LayerStore
+from .base import LayerContext, Policy, prefill_attention, window_and_topk
+from .merge import KEY_MERGES, merge_groups, most_similar
+from .snapkv import window_scores
+
+
+@dataclass
+class KeepKV(Policy):
+    """KeepKV merging on top of SnapKV eviction, with any budget map."""
+
+    name: ClassVar[str] = "keepkv"
+    uses_votes: ClassVar[bool] = True
+    window: int = 8
+    threshold: float = 0.8
+    key_merge: str = "convex"
+    score_estimator: str = "ema"
+    ema_decay: float = 0.9
+    score_window: int = 8
+    kernel_size: int = 7
+
+    def __post_init__(self) -> None:
+        if self.key_merge not in KEY_MERGES:
+            raise HeadprobeError(f"policy keepkv: key_merge {self.key_merge!r}: expected one of {', '.join(KEY_MERGES)}")
+        if self.score_estimator not in ("ema", "window_mean"):
+            raise HeadprobeError(f"policy keepkv: score_estimator {self.score_estimator!r}: expected ema or window_mean")
+
+    # ---- prefill -----------------------------------------------------------------------------------
+
+    def _window_logits(self, ctx: LayerContext) -> torch.Tensor:
+        """``[b, kv, n]`` mean logit the last ``window`` queries give each token (GQA group mean)."""
+        n = ctx.keys.shape[2]
+        w = min(max(self.window, 1), n)
+        q = ctx.query[:, :, n - w:].float()
+        b, hq, _, d = q.shape
+        g = hq // ctx.kv_heads
+        logits = torch.einsum("bkgwd,bknd->bkgwn", q.reshape(b, ctx.kv_heads, g, w, d), ctx.keys.float())
+        return logits.mean((2, 3)) * ctx.scaling
+
+    def prefill(self, ctx: LayerContext) -> torch.Tensor:
+        out = prefill_attention(ctx)
+        sel = window_and_topk(window_scores(ctx, self.window, self.kernel_size), ctx, self.window)
+        b, h, n, d = ctx.keys.shape
+        s = b * h
+        keys = ctx.keys.reshape(s, n, d)
+        values = ctx.values.reshape(s, n, d)
+        logits = self._window_logits(ctx).reshape(s, n)
+        k = sel.index.shape[1]
+        ar = torch.arange(k, device=keys.device)
+        kept_valid = ar[None, :] < sel.count[:, None]
+        kept = torch.zeros(s, n, dtype=torch.bool, device=keys.device)
+        kept.scatter_(1, sel.index, kept_valid)
+        evicted = ctx.valid[:, None, :].expand(b, h, n).reshape(s, n) & ~kept
+        cand = torch.gather(keys, 1, sel.index[..., None].expand(s, k, d))
+        sim, which = most_similar(keys, cand, kept_valid)
+        join = evicted & (sim >= self.threshold)
+        target = torch.where(join, torch.gather(sel.index, 1, which), torch.arange(n, device=keys.device)[None, :])
+        new_k, new_v, new_lnp, new_l = merge_groups(keys, values, torch.zeros(s, n, device=keys.device), logits,
+                                                    target, join | kept, self.key_merge)
+        merged_ctx = replace(ctx, keys=new_k.reshape(b, h, n, d), values=new_v.reshape(b, h, n, d))
+        lnp_sel = torch.gather(new_lnp, 1, sel.index)
+        store = self.build_store(merged_ctx, sel, lnp_sel)
+        self._init_scores(store, torch.gather(new_l, 1, sel.index), kept_valid)
+        store.budget = ctx.budgets.reshape(-1).to(keys.device)
+        return out
+
+    def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
+        budget = ctx.budgets.reshape(-1).to(kept.device)
+        limit = torch.minimum(budget, kept + ctx.cache.max_new_tokens)
+        return (limit - kept).clamp(min=0) + (limit == kept).long()
+
+    def _init_scores(self, store: LayerStore, logits: torch.Tensor, valid: torch.Tensor) -> None:
+        rows = (store.offsets[:, None] + torch.arange(logits.shape[1], device=logits.device)[None, :])[valid]
+        if self.score_estimator == "ema":
+            store.add_aux("logit")[rows] = logits[valid]
+        else:
+            store.add_aux("logit_sum")[rows] = logits[valid]
+            store.add_aux("logit_count")[rows] = 1.0
+            store.add_aux("logit_hist", (self.score_window,))
+
+    def _scores(self, store: LayerStore, index: torch.Tensor) -> torch.Tensor:
+        if self.score_estimator == "ema":
+            return store.aux["logit"][index]
+        return store.aux["logit_sum"][index] / store.aux["logit_count"][index].clamp(min=1)
+
+    # ---- decoding ----------------------------------------------------------------------------------
+
+    def before_append(self, ctx: LayerContext) -> None:
+        store = ctx.store
+        full = store.lengths >= store.budget
+        if not bool(full.any()):
+            return
+        view = store.padded()
+        index, valid = view["index"], view["valid"]
+        logits = self._scores(store, index)
+        lnp = view["log_votes"]
+        pos = view["positions"].masked_fill(~valid, -1)
+        rank = pos.argsort(1, descending=True).argsort(1)
+        protected = (rank < max(self.window - 1, 0)) | ~valid
+        victim = (lnp + logits).masked_fill(protected, float("inf")).argmin(1)          # [S]
+        keys = view["keys"]
+        s, length, _ = keys.shape
+        others = valid.clone()
+        others[torch.arange(s), victim] = False
+        sim, which = most_similar(keys[torch.arange(s), victim][:, None, :], keys, others)
+        join = full & (sim[:, 0] >= self.threshold)
+        target = torch.arange(length, device=keys.device)[None, :].repeat(s, 1)
+        target[torch.arange(s), victim] = torch.where(join, which[:, 0], victim)
+        part = valid & ~(torch.nn.functional.one_hot(victim, length).bool() & ~join[:, None])
+        new_k, new_v, new_lnp, new_l = merge_groups(keys, view["values"], lnp, logits, target, part, self.key_merge)
+        rows = index[torch.arange(s), which[:, 0]][join]
+        sel = (torch.arange(s, device=keys.device)[join], which[:, 0][join])
+        store.keys[rows] = new_k[sel]
+        store.values[rows] = new_v[sel]
+        store.log_votes[rows] = new_lnp[sel]
+        if self.score_estimator == "ema":
+            store.aux["logit"][rows] = new_l[sel]
+        store.remove(victim, full)
+
+    def after_attend(self, ctx: LayerContext) -> None:
+        store = ctx.store
+        view = store.padded()
+        index, valid = view["index"], view["valid"]
+        b, hq, n, d = ctx.query.shape
+        s = store.segments
+        g = hq // store.kv_heads
+        q = ctx.query[:, :, -1].float().reshape(s, g, d)
+        logits = torch.bmm(q, view["keys"].float().transpose(1, 2)).mean(1) * ctx.scaling   # [S, L]
+        rows = index[valid]
+        new = logits[valid]
+        if self.score_estimator == "ema":
+            fresh = store.aux["logit"][rows] == 0
+            old = store.aux["logit"][rows]
+            store.aux["logit"][rows] = torch.where(fresh, new, self.ema_decay * old + (1 - self.ema_decay) * new)
+        else:
+            state = ctx.cache.layer_state.setdefault(ctx.layer_idx, {"step": 0})
+            slot = state["step"] % self.score_window
+            state["step"] += 1
+            hist = store.aux["logit_hist"]
+            count = store.aux["logit_count"]
+            drop = torch.where(count[rows] >= self.score_window, hist[rows, slot], torch.zeros_like(new))
+            store.aux["logit_sum"][rows] += new - drop
+            count[rows] = (count[rows] + 1).clamp(max=self.score_window)
+            hist[rows, slot] = new

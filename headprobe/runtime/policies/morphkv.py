@@ -1,0 +1,106 @@
+"""``morphkv``: a constant-size cache while decoding (R recent + top C older tokens).
+
+Following the authors' newer design: the last ``recent`` post-RoPE queries of every query head are kept;
+at each eviction their attention to the cache is recomputed (softmax over the older tokens only), reduced
+over the GQA group (``group_reduce``), fused over the window rows (``fuse`` = sum | max), and the top
+``C = budget - recent`` older tokens stay. Eviction happens before the current token attends. The prompt
+is cut to ``C + R`` at the end of prefill, with the prompt's last R queries (the same scores the first
+decoding step would compute).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ...attention.rows import attention_rows
+from ...errors import HeadprobeError
+from ..kernels.torch_ref import ragged_attention_torch
+from ..store import Selection
+from .base import LayerContext, Policy, window_and_topk
+
+
+def _reduce(probs: torch.Tensor, fuse: str, group_reduce: str) -> torch.Tensor:
+    """``[b, kv, group, rows, keys]`` → ``[b, kv, keys]``."""
+    fused = probs.sum(3) if fuse == "sum" else probs.amax(3)
+    return fused.sum(2) if group_reduce == "sum" else fused.amax(2)
+
+
+@dataclass
+class MorphKV(Policy):
+    """MorphKV: ``window`` (R) recent tokens + the top ``budget - R`` by fused window attention."""
+
+    name: ClassVar[str] = "morphkv"
+    window: int = 32
+    fuse: str = "sum"
+    group_reduce: str = "max"
+    evict_every: int = 1
+
+    def __post_init__(self) -> None:
+        if self.fuse not in ("sum", "max"):
+            raise HeadprobeError(f"policy morphkv: fuse {self.fuse!r}: expected sum or max")
+        if self.group_reduce not in ("sum", "max"):
+            raise HeadprobeError(f"policy morphkv: group_reduce {self.group_reduce!r}: expected sum or max")
+        if self.evict_every < 1:
+            raise HeadprobeError("policy morphkv: evict_every must be at least 1")
+
+    def select(self, ctx: LayerContext) -> Selection:
+        n = ctx.keys.shape[2]
+        r = min(self.window, n)
+        older = ctx.valid.clone()
+        older[:, n - r:] = False
+        rows = attention_rows(ctx.query[:, :, n - r:], ctx.keys, ctx.positions[:, n - r:], ctx.scaling,
+                              key_positions=ctx.positions, sliding_window=ctx.sliding_window,
+                              softcap=ctx.softcap, key_mask=older)                  # [b, hq, r, n]
+        b, hq = rows.shape[:2]
+        scores = _reduce(rows.reshape(b, ctx.kv_heads, hq // ctx.kv_heads, r, n), self.fuse, self.group_reduce)
+        # Remember the window queries (ring buffer) for decoding.
+        state = ctx.cache.layer_state.setdefault(ctx.layer_idx, {})
+        state["queries"] = ctx.query[:, :, n - r:].clone()
+        state["query_positions"] = ctx.positions[:, n - r:].clone()
+        state["step"] = 0
+        return window_and_topk(scores, ctx, self.window)
+
+    def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
+        budget = ctx.budgets.reshape(-1).to(kept.device)
+        limit = torch.minimum(budget + self.evict_every - 1, kept + ctx.cache.max_new_tokens)
+        ctx.cache.layer_state[ctx.layer_idx]["budget"] = budget
+        return (limit - kept).clamp(min=1)
+
+    def build_store(self, ctx, selection, log_votes=None):
+        store = super().build_store(ctx, selection, log_votes)
+        q = ctx.cache.layer_state[ctx.layer_idx]["queries"]
+        store.extra_bytes = q.numel() * q.element_size()
+        return store
+
+    def before_append(self, ctx: LayerContext) -> None:
+        state = ctx.cache.layer_state[ctx.layer_idx]
+        r = self.window
+        state["queries"] = torch.cat([state["queries"], ctx.query], 2)[:, :, -r:]
+        state["query_positions"] = torch.cat([state["query_positions"], ctx.positions], 1)[:, -r:]
+        state["step"] += 1
+        store, budget = ctx.store, state["budget"]
+        n_new = ctx.keys.shape[2]
+        if state["step"] % self.evict_every and bool((store.lengths + n_new <= store.capacity).all()):
+            return
+        target = (budget - n_new).clamp(min=0)          # after eviction; the new tokens fill up to budget
+        if not bool((store.lengths > target).any()):
+            return
+        view = store.padded()
+        pos = view["positions"].masked_fill(~view["valid"], -1)
+        rank = pos.argsort(1, descending=True).argsort(1)
+        recent = (rank < max(r - n_new, 0)) & view["valid"]      # the window minus the incoming tokens
+        older = view["valid"] & ~recent
+        _, probs = ragged_attention_torch(state["queries"], view["keys"], view["values"], view["positions"],
+                                          older, state["query_positions"], ctx.scaling, ctx.sliding_window,
+                                          ctx.softcap, return_probs=True)          # [S, g*r', L]
+        s, _, width = probs.shape
+        rows = state["queries"].shape[2]
+        g = state["queries"].shape[1] * ctx.batch // s
+        scores = _reduce(probs.reshape(ctx.batch, s // ctx.batch, g, rows, width), self.fuse, self.group_reduce)
+        scores = scores.reshape(s, width).masked_fill(recent, float("inf")).masked_fill(~view["valid"], float("-inf"))
+        count = torch.minimum(store.lengths, target)
+        keep = scores.topk(max(int(count.max()), 1), dim=1).indices
+        store.keep_in_place(keep, count)
