@@ -19,3 +19,8 @@ from .keepkv import KeepKV  # noqa: E402
 
 POLICIES["keepkv"] = KeepKV
 __all__ += ["KeepKV"]
+
+from .dynamickv import DynamicKV  # noqa: E402
+
+POLICIES["dynamickv"] = DynamicKV
+__all__ += ["DynamicKV"]

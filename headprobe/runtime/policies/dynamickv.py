@@ -1,0 +1,122 @@
+"""``dynamickv``: progressive per-layer budgets decided during prefill.
+
+Per layer: SnapKV scores (window ``window``, pooling ``kernel_size``); each head keeps for now the window
+plus its top ``min(r_max · B, n - window)`` tokens (``B = capacity - window``), stored window first and
+then by decreasing score so that cutting a head to ``k`` tokens is setting its length. Every ``interval``
+cached layers, and at the last one whatever ``layers mod interval`` is, the global top ``B · H · t`` over
+the scores held by the ``t`` layers so far decides each layer's share (winners counted per layer); the
+shares are split over the layer's heads, clamped to what each head holds (never reaching into the window)
+with the excess redistributed, and the earlier layers are cut in place. After the last layer every layer
+is re-laid out tightly with its decode room. The budgets of all layers sum exactly to ``B · H · L`` per
+prompt (or to everything the prompt holds when it is shorter).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+import torch
+
+from ...errors import HeadprobeError
+from ..budgets import distribute
+from ..store import Selection
+from .base import LayerContext, Policy, prefill_attention
+from .snapkv import window_scores
+
+
+@dataclass
+class DynamicKV(Policy):
+    """DynamicKV with the update interval ``interval`` (m) and ``r_max`` as parameters."""
+
+    name: ClassVar[str] = "dynamickv"
+    window: int = 8
+    kernel_size: int = 7
+    r_max: int = 10
+    interval: int = 4
+
+    def __post_init__(self) -> None:
+        if self.interval < 1 or self.r_max < 1:
+            raise HeadprobeError("policy dynamickv: interval and r_max must be at least 1")
+
+    def prefill(self, ctx: LayerContext) -> torch.Tensor:
+        out = prefill_attention(ctx)
+        cache = ctx.cache
+        b, h, n = ctx.batch, ctx.kv_heads, ctx.keys.shape[2]
+        dev = ctx.keys.device
+        scores = window_scores(ctx, self.window, self.kernel_size)       # [b, h, n]
+        real = ctx.prompt_lengths
+        pad = n - real
+        w = torch.minimum(real, torch.full_like(real, self.window))
+        base = (ctx.budgets.to(dev) - w[:, None]).clamp(min=0)           # B per head (uniform source)
+        hold = torch.minimum(base * self.r_max, (real - w)[:, None])      # [b, h]
+        idx = torch.arange(n, device=dev)
+        prefix = (idx[None, :] >= pad[:, None]) & (idx[None, :] < (n - w)[:, None])
+        masked = scores.float().masked_fill(~prefix[:, None, :], float("-inf"))
+        k_max = int(hold.max()) if hold.numel() else 0
+        top = masked.topk(k_max, dim=-1) if k_max else None
+        w_max = int(w.max())
+        win = (n - w_max + torch.arange(w_max, device=dev))[None, :].expand(b, w_max)
+        win_ok = torch.arange(w_max, device=dev)[None, :] >= (w_max - w)[:, None]
+        # Window first (left-aligned per row), then the prefix by decreasing score.
+        win_sorted = torch.where(win_ok, win, torch.full_like(win, n + 1)).sort(1).values
+        cand = torch.cat([win_sorted[:, None, :].expand(b, h, w_max),
+                          top.indices if top is not None else torch.zeros(b, h, 0, dtype=torch.long, device=dev)], -1)
+        # Rows whose window is shorter than w_max: shift the prefix part left over the gap.
+        gap = (w_max - w)[:, None, None]
+        pos_in = torch.arange(cand.shape[-1], device=dev)[None, None, :]
+        src = torch.where(pos_in < w[:, None, None], pos_in, pos_in + gap).clamp(max=cand.shape[-1] - 1)
+        cand = torch.gather(cand, 2, src.expand_as(cand))
+        count = w[:, None] + hold
+        index = torch.where(cand > n, torch.zeros_like(cand), cand)
+        selection = Selection(index=index.reshape(b * h, -1), count=count.reshape(-1))
+        store = self.build_store(ctx, selection)
+        state = cache.layer_state.setdefault("dynamickv", {"layers": [], "done": 0})
+        sorted_scores = top.values if top is not None else torch.zeros(b, h, 0, device=dev)
+        state["layers"].append({"layer": ctx.layer_idx, "scores": sorted_scores, "window": w, "base": base})
+        cached = [i for i, t in enumerate(cache.layer_types) if t != "sliding_attention"]
+        t = len(state["layers"])
+        if t % self.interval == 0 or ctx.layer_idx == cached[-1]:
+            self._rebalance(cache, state["layers"], len(cached))
+        if ctx.layer_idx == cached[-1]:
+            for entry in state["layers"]:
+                s = cache.stores[entry["layer"]]
+                s.relayout(torch.full_like(s.lengths, cache.max_new_tokens))
+            cache.layer_state.pop("dynamickv")
+        del store
+        return out
+
+    def reserve(self, ctx, kept):
+        return torch.zeros_like(kept)
+
+    def _rebalance(self, cache, layers: list[dict], total_layers: int) -> None:
+        """Global top-k over the held scores of the layers so far; cut every one of them in place."""
+        t = len(layers)
+        h = layers[0]["scores"].shape[1]
+        b = layers[0]["scores"].shape[0]
+        for row in range(b):
+            base = int(layers[0]["base"][row].max())
+            held = []
+            for entry in layers:
+                store = cache.stores[entry["layer"]]
+                lengths = store.lengths.reshape(b, h)[row] - entry["window"][row]
+                sc = entry["scores"][row].clone()                         # [h, k]
+                ar = torch.arange(sc.shape[1], device=sc.device)
+                sc = sc.masked_fill(ar[None, :] >= lengths[:, None], float("-inf"))
+                held.append((lengths, sc))
+            flat = torch.cat([sc.reshape(-1) for _, sc in held])
+            finite = int(torch.isfinite(flat).sum())
+            total = min(base * h * t, finite)
+            owner = torch.cat([torch.full((sc.numel(),), i, dtype=torch.long) for i, (_, sc) in enumerate(held)])
+            counts = np.zeros(t)
+            if total:
+                winners = flat.topk(total).indices.cpu()
+                counts = np.bincount(owner[winners].numpy(), minlength=t).astype(np.float64)
+            caps = torch.stack([lengths for lengths, _ in held]).cpu().numpy().astype(np.int64)   # [t, h]
+            weights = np.repeat(counts[:, None] / h, h, axis=1)
+            shares = distribute(total, weights.ravel(), caps.ravel()).reshape(t, h)
+            for i, entry in enumerate(layers):
+                store = cache.stores[entry["layer"]]
+                seg = slice(row * h, (row + 1) * h)
+                store.lengths[seg] = entry["window"][row] + torch.from_numpy(shares[i]).to(store.lengths.device)
