@@ -12,3 +12,9 @@ __all__ = [
     "MODELS", "ModelIdentity", "ModelMismatchError", "NoPassingTrialsError", "Profile", "__version__",
     "load_model", "model_identity", "reduce_groups", "resolve_model",
 ]
+
+# allocation and interop (budget maps, other tools' files)
+from .allocation import allocate, clamp_and_redistribute, newest_profile, summarize  # noqa: E402
+from .interop import import_file  # noqa: E402
+
+__all__ += ["allocate", "clamp_and_redistribute", "import_file", "newest_profile", "summarize"]

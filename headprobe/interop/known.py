@@ -73,3 +73,17 @@ def check_overwrite(path: str | Path, force: bool) -> Path:
     if path.exists() and not force and (path.is_file() or any(path.iterdir())):
         raise HeadprobeError(f"{path} exists; pass --force to overwrite it")
     return path
+
+
+def identity_for_model(name: str) -> ModelIdentity | None:
+    """The identity of ``name`` (alias, HF id or folder) without weights, or ``None`` when its config
+    cannot be read (e.g. a hub model while offline). Known published-file models need no config."""
+    from ..models.loading import model_identity, resolve_model
+
+    hf_id = MODELS[name].hf_id if name in MODELS else name
+    if hf_id in KNOWN_SHAPES and not (name in MODELS and MODELS[name].gguf_package):
+        return known_identity(hf_id, resolve_model(name).source)
+    try:
+        return model_identity(name)
+    except (HeadprobeError, OSError, ValueError):
+        return None

@@ -1,0 +1,41 @@
+"""``headprobe import``: read other tools' head files as headprobe profiles."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser(
+        "import", help="import HeadKV, Retrieval_Head or DuoAttention files as profiles", formatter_class=formatter,
+        description="Import a HeadKV / Retrieval_Head score JSON or a DuoAttention pattern folder as a "
+                    "headprobe profile. The model comes from the file name or --model.",
+        epilog="examples:\n  headprobe import Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json\n"
+               "  headprobe import attn_patterns/Mistral-7B-Instruct-v0.2 --model mistral-7b")
+    p.add_argument("input", help="score JSON file, DuoAttention folder or its full_attention_heads.tsv")
+    p.add_argument("--from", dest="fmt", default=None, choices=["headkv", "retrieval_head", "duoattention"],
+                   help="input format (default: from the path)")
+    p.add_argument("--model", default=None, help="alias or HF id of the model (default: from the file name)")
+    p.add_argument("--kind", default=None, choices=["retrieval", "enhanced_retrieval", "retrieval_reasoning"],
+                   help="profile kind (default: from the file name)")
+    p.add_argument("-o", "--output", default=None, help="profile file (default: profiles/<model>.<kind>.imported.json)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from headprobe.interop import check_overwrite, import_file
+
+    prof = import_file(args.input, args.fmt, args.model, args.kind)
+    out = args.output
+    if out is None:
+        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", prof.model.name.split("/")[-1]).lower()
+        out = Path("profiles") / f"{slug}.{prof.kind}.{prof.probe.get('source', 'imported')}.json"
+    check_overwrite(out, args.force)
+    prof.save(out)
+    top = ", ".join(f"{l}-{h}" for l, h, _ in prof.top_heads(5))
+    print(f"{prof.model.name}: {prof.kind} from {prof.probe.get('source')}, {prof.model.num_layers} layers x "
+          f"{prof.model.num_query_heads} query heads; top heads {top}")
+    print(f"wrote {out}")
+    return 0

