@@ -215,7 +215,7 @@ def test_combined_keeps_dynamickv_layer_totals_and_orders_heads_by_score():
 
 def test_uniform_and_pyramid():
     u = allocate("uniform", model=SMOL, capacity=100, window=8)
-    assert set(x for r in u.budgets for x in r) == {100}
+    assert {x for r in u.budgets for x in r} == {100}
     p = allocate("pyramid", model=SMOL, capacity=100, window=8)
     per_layer = np.array(p.budgets).sum(axis=1)
     assert p.total == 100 * 90 and np.all(np.diff(per_layer) <= 0) and per_layer[0] > per_layer[-1]
@@ -268,7 +268,7 @@ def test_degenerate_scores_refused_unless_fallback_asked(fill):
     with pytest.raises(HeadprobeError, match="all-zero|NaN"):
         allocate("headkv", [p])
     bm = allocate("headkv", [p], allow_fallback=True)
-    assert bm.method["fallback"] == "uniform" and set(x for r in bm.budgets for x in r) == {128}
+    assert bm.method["fallback"] == "uniform" and {x for r in bm.budgets for x in r} == {128}
 
 
 def test_find_newest_matching_profile(tmp_path):

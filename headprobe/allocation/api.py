@@ -71,7 +71,7 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
         p.model.check_fits(model, what=f"{p.kind} profile")
     heads = [(p, s) for p, s in zip(profiles, paths) if p.query_heads is not None]
     layers = [(p, s) for p, s in zip(profiles, paths) if p.retention]
-    common = dict(capacity=capacity, window=window, sink=sink, ratio=ratio, prompt_len=prompt_len, clamp=clamp)
+    common = {"capacity": capacity, "window": window, "sink": sink, "ratio": ratio, "prompt_len": prompt_len, "clamp": clamp}
     if compat is not None and method != "headkv":
         raise HeadprobeError(f"compat={compat!r} exists only for method headkv")
     if method == "headkv":
@@ -167,8 +167,8 @@ def summarize(bm: BudgetMap) -> str:
     flat = np.sort(b.ravel())
     lines = [
         f"{bm.model.name}: {m['allocator']} ({params})",
-        f"total {int(b.sum())} tokens over {b.shape[0]} layers x {b.shape[1]} {unit}s; per {unit}: "
-        f"min {int(flat[0])}, median {int(flat[len(flat) // 2])}, max {int(flat[-1])}",
+        (f"total {int(b.sum())} tokens over {b.shape[0]} layers x {b.shape[1]} {unit}s; per {unit}: "
+        f"min {int(flat[0])}, median {int(flat[len(flat) // 2])}, max {int(flat[-1])}"),
         "per-layer totals: " + " ".join(str(int(x)) for x in b.sum(axis=1)),
     ]
     return "\n".join(lines)

@@ -67,7 +67,7 @@ def resolve_capacity(capacity: int | None = 128, window: int = 8, sink: int = 0,
             raise HeadprobeError(f"ratio must be in (0, 1], got {ratio!r}")
         if prompt_len is None or prompt_len <= 0:
             raise HeadprobeError("a ratio needs a prompt length (--prompt-len) to turn into a capacity")
-        capacity = int(math.floor(ratio * prompt_len + 0.5))
+        capacity = math.floor(ratio * prompt_len + 0.5)
     if capacity is None or not isinstance(capacity, (int, np.integer)):
         raise HeadprobeError(f"capacity must be an integer, got {capacity!r}")
     if capacity <= window + sink:

@@ -44,7 +44,7 @@ def headkv_floor(capacity: int, window: int, beta: float, sink: int = 0) -> int:
     ``window + sink + (b − ⌊b/β⌋)`` with ``b = capacity − window − sink``.
     """
     base = capacity - window - sink
-    return window + sink + base - int(math.floor(base / beta))
+    return window + sink + base - math.floor(base / beta)
 
 
 def headkv_budgets(scores, capacity: int = 128, window: int = 8, beta: float = 1.2, sink: int = 0,
@@ -151,7 +151,7 @@ def allocate_headkv(profile: Profile, model: ModelIdentity | None = None, *, cap
         cap = resolve_capacity(capacity, window, 0)
         budgets = headkv_compat_budgets(profile.query_heads, cap.capacity, cap.window, beta)
         method = method_block("headkv", cap, beta=beta, compat=compat, sources=sources,
-                              floor=int(round(cap.base - cap.base // beta)) + cap.window)
+                              floor=round(cap.base - cap.base // beta) + cap.window)
         return build_budget_map(model, budgets, method, granularity="query_head")
     cap = resolve_capacity(capacity, window, sink, ratio, prompt_len)
     scores = kv_head_scores(profile, reduction)
