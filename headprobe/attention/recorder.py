@@ -1,0 +1,117 @@
+"""Record the attention rows of chosen query positions during a normal model forward.
+
+:class:`RowRecorder` registers an attention implementation (``"headprobe_rows"``) with transformers'
+:class:`~transformers.AttentionInterface`. It computes every layer's output with the stock SDPA kernel
+(no eager attention on the whole forward) and, for the requested query positions only, the post-RoPE
+softmax rows over all keys, which it hands to a callback layer by layer. Nothing is patched at import
+time: the implementation is registered and switched on inside the ``with`` block and switched back after.
+"""
+
+from __future__ import annotations
+
+import contextvars
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .rows import attention_rows
+
+IMPLEMENTATION = "headprobe_rows"
+
+#: ``callback(layer_idx, rows, key_positions)`` with ``rows [batch, query_heads, n_rows, keys]`` and
+#: ``key_positions [keys]`` (absolute positions of the keys the layer attended to).
+RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
+
+_ACTIVE: contextvars.ContextVar["RowRecorder | None"] = contextvars.ContextVar("headprobe_row_recorder",
+                                                                               default=None)
+
+
+@dataclass
+class RowRequest:
+    """Which rows to capture in the next forward.
+
+    Attributes
+    ----------
+    positions
+        ``[batch, n_rows]`` absolute positions of the query rows (all inside the current forward).
+    block_start
+        Absolute position of the first token of the current forward (the cache length before it).
+    callback
+        Receives each layer's rows.
+    key_mask
+        ``[batch, keys_total]`` boolean, ``False`` for padding keys (right padding in batched trials).
+    """
+
+    positions: torch.Tensor
+    block_start: int
+    callback: RowCallback
+    key_mask: torch.Tensor | None = None
+
+
+def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    recorder = _ACTIVE.get()
+    if recorder is not None and recorder.request is not None:
+        recorder._capture(module, query, key, scaling, kwargs.get("sliding_window"), kwargs.get("softcap"))
+    return out
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    if IMPLEMENTATION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(IMPLEMENTATION, _rows_attention)
+    if IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+class RowRecorder:
+    """Context manager that switches a model to the row-recording attention.
+
+    Examples
+    --------
+    >>> with RowRecorder(model) as rec:                          # doctest: +SKIP
+    ...     rec.request = RowRequest(torch.tensor([[n - 1]]), 0, lambda l, rows, kp: store.append(rows))
+    ...     model(input_ids)
+    """
+
+    def __init__(self, model) -> None:
+        self.model = model
+        self.request: RowRequest | None = None
+        self._previous: str | None = None
+        self._token = None
+
+    def __enter__(self) -> "RowRecorder":
+        _register()
+        self._previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation(IMPLEMENTATION)
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.reset(self._token)
+        if self._previous:
+            self.model.set_attn_implementation(self._previous)
+
+    def _capture(self, module, query, key, scaling, sliding_window, softcap) -> None:
+        request = self.request
+        batch, q_heads, q_len, head_dim = query.shape
+        k_len = key.shape[2]
+        block_end = request.block_start + q_len
+        local = request.positions.to(query.device) - request.block_start
+        if local.min() < 0 or local.max() >= q_len:
+            raise ValueError("requested attention rows lie outside the current forward")
+        index = local[:, None, :, None].expand(batch, q_heads, local.shape[1], head_dim)
+        q_sel = torch.gather(query, 2, index)
+        key_positions = torch.arange(block_end - k_len, block_end, device=key.device)
+        key_mask = None
+        if request.key_mask is not None:
+            key_mask = request.key_mask[:, block_end - k_len:block_end].to(key.device)
+        scale = scaling if scaling is not None else head_dim ** -0.5
+        rows = attention_rows(q_sel, key, request.positions.to(key.device), scale, key_positions=key_positions,
+                              sliding_window=sliding_window, softcap=softcap, key_mask=key_mask)
+        request.callback(int(module.layer_idx), rows, key_positions)

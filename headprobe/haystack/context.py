@@ -1,0 +1,216 @@
+"""Building a trial's prompt: haystack cut to a length in model tokens, needle at a depth, answer span.
+
+The needle is inserted at the requested depth moved back to the previous sentence start, the prompt is
+rendered with the model's chat template (when it has one and it is wanted) and tokenised once; the
+answer span is located by mapping the answer's character offsets to tokens through the tokenizer's
+offset mapping, so it is exact even when tokens merge across the needle's boundary.
+"""
+
+from __future__ import annotations
+
+import bisect
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..errors import HeadprobeError
+from .corpus import Haystack
+from .needles import Needle
+
+_SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """A rendered, tokenised trial prompt.
+
+    Attributes
+    ----------
+    input_ids
+        Prompt token ids (chat template applied), ending where the model's response starts.
+    text
+        The rendered prompt.
+    answer_span
+        ``(start, end)`` token positions of the answer inside the needle (end exclusive).
+    needle_span
+        ``(start, end)`` token positions of the needle.
+    answer_chars
+        ``(start, end)`` character offsets of the answer in ``text``.
+    depth
+        Requested depth in [0, 1]; ``actual_depth`` is where the needle landed (share of haystack chars).
+    """
+
+    input_ids: list[int]
+    text: str
+    answer_span: tuple[int, int]
+    needle_span: tuple[int, int]
+    answer_chars: tuple[int, int]
+    target_length: int
+    depth: float
+    actual_depth: float
+
+    @property
+    def length(self) -> int:
+        return len(self.input_ids)
+
+
+def question_prompt(needle: Needle | None, question: str | None = None) -> str:
+    """The text after the document: the question and how to answer."""
+    q = question if question is not None else (needle.question if needle else "")
+    if needle is not None and needle.kind == "reasoning":
+        c1, c2 = needle.candidates
+        return (f"Question: {q}\nAnswer with {c1!r} or {c2!r} only, based on the document above.")
+    return f"Question: {q}\nAnswer in a short phrase, based on the document above."
+
+
+def render_prompt(tokenizer, user_text: str, chat_template: bool) -> tuple[str, int, bool]:
+    """Render ``user_text`` as the model's prompt.
+
+    Returns
+    -------
+    text, offset, add_special_tokens
+        The prompt, the character offset of ``user_text`` inside it, and whether tokenising it should add
+        the tokenizer's special tokens (not when a chat template supplied them).
+    """
+    if chat_template and getattr(tokenizer, "chat_template", None):
+        text = tokenizer.apply_chat_template([{"role": "user", "content": user_text}], tokenize=False,
+                                             add_generation_prompt=True)
+        offset = text.find(user_text)
+        if offset < 0:
+            raise HeadprobeError("the chat template changed the prompt text; pass --no-chat-template")
+        return text, offset, False
+    return user_text, 0, True
+
+
+@lru_cache(maxsize=8)
+def _haystack_tokens(tokenizer, text: str) -> tuple[tuple[int, int], ...]:
+    enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+    return tuple(tuple(o) for o in enc["offset_mapping"])
+
+
+@lru_cache(maxsize=8)
+def _sentence_starts(text: str) -> tuple[int, ...]:
+    return (0,) + tuple(m.end() for m in _SENTENCE_END.finditer(text))
+
+
+def _sentence_start_at_or_before(text: str, char: int) -> int:
+    starts = _sentence_starts(text)
+    return starts[bisect.bisect_right(starts, char) - 1]
+
+
+def build_context(
+    tokenizer,
+    haystack: Haystack,
+    needle: Needle | None,
+    length: int,
+    depth: float,
+    chat_template: bool = True,
+    max_context: int | None = None,
+    question: str | None = None,
+) -> TrialContext:
+    """Build one trial prompt of about ``length`` tokens with ``needle`` at ``depth``.
+
+    Parameters
+    ----------
+    tokenizer
+        A fast tokenizer (offset mapping).
+    haystack
+        The text to cut.
+    needle
+        The needle, or ``None`` for the plain haystack prompt (used for prefix reuse).
+    length
+        Target prompt length in model tokens (template, haystack, needle and question included); the
+        result is at most ``length`` and within a sentence of it.
+    depth
+        Where the needle goes, 0 (start of the haystack) to 1 (end).
+    chat_template
+        Apply the tokenizer's chat template when it has one.
+    max_context
+        The model's context; lengths beyond it are refused.
+
+    Raises
+    ------
+    HeadprobeError
+        If ``length`` exceeds ``max_context`` or the haystack is too short.
+    """
+    if max_context and length > max_context:
+        raise HeadprobeError(f"--lengths {length}: beyond the model's context of {max_context} tokens")
+    if not 0.0 <= depth <= 1.0:
+        raise HeadprobeError(f"--depths {depth}: expected a depth between 0 and 1 (or 0-100 percent)")
+    text = haystack.text
+    offsets = _haystack_tokens(tokenizer, text)
+    qtext = question_prompt(needle, question)
+    empty, _, add_special = render_prompt(tokenizer, f"\n\n{qtext}", chat_template)
+    overhead = len(tokenizer(empty, add_special_tokens=add_special)["input_ids"])
+    if needle is not None:
+        overhead += len(tokenizer(" " + needle.needle, add_special_tokens=False)["input_ids"]) + 1
+    budget = length - overhead
+    if budget <= 0:
+        raise HeadprobeError(f"--lengths {length}: too short for the prompt around the haystack ({overhead} tokens)")
+    for _ in range(4):
+        if budget > len(offsets):
+            raise HeadprobeError(
+                f"haystack {haystack.name}: too short for {length} tokens ({len(offsets)} tokens of text); "
+                "pass a longer --haystack or smaller --lengths"
+            )
+        cut = _sentence_start_at_or_before(text, offsets[budget - 1][1])
+        if cut == 0:
+            cut = offsets[budget - 1][1]
+        body = text[:cut].rstrip()
+        context = _assemble(tokenizer, body, needle, depth, qtext, chat_template, length)
+        if context.length <= length and (length - context.length <= 64 or budget >= len(offsets)):
+            return context
+        budget += length - context.length
+        budget = max(1, budget)
+    if context.length > length:
+        raise HeadprobeError(f"could not fit a prompt into {length} tokens")
+    return context
+
+
+def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: str, chat_template: bool,
+              length: int) -> TrialContext:
+    if needle is None:
+        document, needle_at, actual = body, None, depth
+    else:
+        insert = _sentence_start_at_or_before(body, int(round(depth * len(body))))
+        if depth >= 1.0:
+            document = body + " " + needle.needle
+            needle_at = len(body) + 1
+        else:
+            prefix = body[:insert]
+            document = prefix + needle.needle + (" " if insert == 0 else " ") + body[insert:]
+            needle_at = insert
+        actual = needle_at / max(1, len(body))
+    user_text = f"{document}\n\n{qtext}"
+    text, offset, add_special = render_prompt(tokenizer, user_text, chat_template)
+    enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
+    ids = list(enc["input_ids"])
+    offsets = [tuple(o) for o in enc["offset_mapping"]]
+    if needle is None:
+        return TrialContext(ids, text, (0, 0), (0, 0), (0, 0), length, depth, actual)
+    needle_start = offset + needle_at
+    answer_start = needle_start + needle.answer_offset
+    answer_chars = (answer_start, answer_start + len(needle.answer))
+    answer_span = chars_to_tokens(offsets, *answer_chars)
+    needle_span = chars_to_tokens(offsets, needle_start, needle_start + len(needle.needle))
+    return TrialContext(ids, text, answer_span, needle_span, answer_chars, length, depth, actual)
+
+
+def chars_to_tokens(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int]:
+    """Token span ``[first, last + 1)`` of the tokens that overlap characters ``[start, end)``.
+
+    Tokens with empty offsets (special tokens) never count. Raises ``ValueError`` if no token overlaps.
+    """
+    hits = [i for i, (a, b) in enumerate(offsets) if b > a and a < end and b > start]
+    if not hits:
+        raise ValueError(f"no token covers characters {start}-{end}")
+    return hits[0], hits[-1] + 1
+
+
+def common_prefix_length(a: list[int], b: list[int]) -> int:
+    """Number of leading tokens two prompts share."""
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n

@@ -1,0 +1,1 @@
+"""Probes: retrieval, enhanced-retrieval and retrieval-reasoning head scores; layer retention."""

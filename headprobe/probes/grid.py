@@ -1,0 +1,96 @@
+"""The trial grid (needle × length × depth × seed), its default sizes, and sharding."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import HeadprobeError
+
+#: HeadKV's grid: 5 lengths up to 10K (capped at the model's context), 10 depths from 0 to 100%.
+FULL_LENGTHS = (1000, 3250, 5500, 7750, 10000)
+FULL_DEPTHS = tuple(i / 9 for i in range(10))
+#: CPU default: finishes the embedded SmolLM2-135M, all probes, in a few minutes on 2 cores.
+CPU_LENGTHS = (1000, 2000)
+CPU_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclass(frozen=True, order=True)
+class TrialSpec:
+    """One needle trial.
+
+    Attributes
+    ----------
+    length
+        Target prompt length in tokens.
+    seed
+        Haystack seed (document order).
+    depth
+        Needle depth in [0, 1].
+    needle_id
+        Which needle.
+    """
+
+    length: int
+    seed: int
+    depth: float
+    needle_id: str
+
+    @property
+    def id(self) -> str:
+        return f"{self.needle_id}|len={self.length}|depth={self.depth:.4f}|seed={self.seed}"
+
+    @property
+    def group(self) -> tuple[int, int, float]:
+        """Trials of one group share a haystack prefix (same length, seed and depth)."""
+        return (self.length, self.seed, self.depth)
+
+
+def default_grid(on_gpu: bool, max_context: int | None) -> tuple[tuple[int, ...], tuple[float, ...], str]:
+    """Lengths, depths and a description of the default grid for this machine and model."""
+    if on_gpu:
+        top = min(10000, max_context or 10000)
+        lengths = FULL_LENGTHS if top >= 10000 else tuple(int(round(1000 + i * (top - 1000) / 4)) for i in range(5))
+        return lengths, FULL_DEPTHS, f"full grid (5 lengths up to {lengths[-1]}, 10 depths)"
+    return CPU_LENGTHS, CPU_DEPTHS, "CPU grid (lengths 1000, 2000; depths 0, 25, 50, 75, 100%); --grid full for HeadKV's"
+
+
+def full_grid(max_context: int | None) -> tuple[tuple[int, ...], tuple[float, ...], str]:
+    return default_grid(True, max_context)
+
+
+def make_grid(needle_ids: list[str], lengths: list[int], depths: list[float], seeds: list[int]) -> list[TrialSpec]:
+    """All trials, in a fixed order (length, seed, depth, needle)."""
+    return sorted(TrialSpec(l, s, d, n) for l in lengths for s in seeds for d in depths for n in needle_ids)
+
+
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """``"i/n"`` → ``(i, n)`` with ``0 <= i < n``."""
+    if not text:
+        return None
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise HeadprobeError(f"--shard {text}: expected i/n, e.g. 0/4") from None
+    if n < 1 or not 0 <= i < n:
+        raise HeadprobeError(f"--shard {text}: expected 0 <= i < n")
+    return i, n
+
+
+def shard_trials(trials: list[TrialSpec], shard: tuple[int, int] | None) -> list[TrialSpec]:
+    """This shard's trials: whole prefix groups are dealt round-robin so prefix reuse still works."""
+    if shard is None:
+        return trials
+    i, n = shard
+    groups = sorted({t.group for t in trials})
+    mine = {g for k, g in enumerate(groups) if k % n == i}
+    return [t for t in trials if t.group in mine]
+
+
+def parse_depths(values: list[float]) -> list[float]:
+    """Depths given as fractions (0-1) or percentages (0-100)."""
+    if any(v > 1 for v in values):
+        values = [v / 100 for v in values]
+    for v in values:
+        if not 0 <= v <= 1:
+            raise HeadprobeError(f"--depths: {v} is outside 0-100%")
+    return values

@@ -1,0 +1,376 @@
+"""Needle trials: rows of the answer steps, head scores, gates. Fast and reference modes.
+
+``reference`` follows the published procedure: one prefill over the whole prompt, then greedy decoding
+step by step, taking the attention row of every step. ``fast`` teacher-forces the gold answer: trials
+of one length share the haystack prefix before the needle, whose KV is computed once and reused; the
+suffixes (needle, rest of the haystack, question, gold answer) of a batch of trials run in one forward;
+rows are computed only for the positions that predict answer tokens. A fast trial passes its gate
+only if greedy decoding would have produced the gold answer, so it would have counted in reference
+mode too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+
+from ..attention import RowRecorder, RowRequest
+from ..haystack.context import TrialContext, build_context, common_prefix_length
+from ..haystack.corpus import Haystack
+from ..haystack.needles import Needle
+from .gates import qa_f1, rouge1_recall
+from .grid import TrialSpec
+from .scoring import copy_scores, reasoning_scores
+
+
+@dataclass
+class NeedleProbeConfig:
+    """Settings of a needle probe run.
+
+    Attributes
+    ----------
+    mode
+        ``"fast"`` or ``"reference"``.
+    chat_template
+        Apply the model's chat template.
+    batch_size
+        Trials per forward in fast mode.
+    max_new_tokens
+        Reference mode, retrieval needles: decoding steps (stops earlier at end of sequence).
+        Reasoning needles decode ``len(answer)`` tokens, as published.
+    """
+
+    mode: str = "fast"
+    chat_template: bool = True
+    batch_size: int = 4
+    max_new_tokens: int = 24
+
+
+def _score_names(kind: str) -> tuple[str, ...]:
+    return ("retrieval", "enhanced_retrieval") if kind == "retrieval" else ("retrieval_reasoning",)
+
+
+def _answer_tokens(tokenizer, text: str) -> list[int]:
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
+
+def _eos_ids(loaded) -> set[int]:
+    ids = loaded.model.generation_config.eos_token_id if loaded.model.generation_config else None
+    ids = ids if isinstance(ids, list) else [ids]
+    ids = {i for i in ids if i is not None}
+    if loaded.tokenizer.eos_token_id is not None:
+        ids.add(loaded.tokenizer.eos_token_id)
+    return ids
+
+
+def _layer_count(model) -> int:
+    return model.config.get_text_config().num_hidden_layers
+
+
+def _record(spec: TrialSpec, needle: Needle, ctx: TrialContext, response: str, scores: dict[str, torch.Tensor],
+            gates: dict[str, Any], passed: bool, seconds: float, mode: str) -> dict[str, Any]:
+    return {
+        "trial": spec.id, "needle": spec.needle_id, "length": spec.length, "depth": spec.depth, "seed": spec.seed,
+        "mode": mode, "prompt_tokens": ctx.length, "answer_span": list(ctx.answer_span),
+        "actual_depth": round(ctx.actual_depth, 4), "response": response, "gates": gates, "passed": passed,
+        "scores": {k: [[round(float(x), 6) for x in row] for row in v.tolist()] for k, v in scores.items()},
+        "seconds": round(seconds, 3),
+    }
+
+
+def _gates(kind: str, needle: Needle, response: str, margin: float | None, exact: bool | None) -> tuple[dict, bool]:
+    """Gate values and whether the trial counts (published gate)."""
+    gates: dict[str, Any] = {"rouge1_recall": round(rouge1_recall(response, needle.answer), 4),
+                             "qa_f1": round(qa_f1(response, needle.answer), 4)}
+    if exact is not None:
+        gates["greedy_is_gold"] = exact
+    if margin is not None:
+        gates["likelihood_margin"] = round(margin, 4)
+        gates["likelihood"] = margin > 0
+    published = gates["qa_f1"] > 0.5 if kind == "reasoning" else gates["rouge1_recall"] > 0.5
+    if exact is not None:  # fast mode: only when greedy decoding would give the gold answer
+        published = published and exact
+    gates["published"] = published
+    return gates, published
+
+
+def run_needle_trials(
+    loaded,
+    haystacks: dict[int, Haystack],
+    needles: dict[str, Needle],
+    trials: list[TrialSpec],
+    config: NeedleProbeConfig,
+    on_trial: Callable[[dict[str, Any]], None],
+    progress: Callable[[int], None] | None = None,
+) -> None:
+    """Run ``trials`` and hand each finished trial's record to ``on_trial`` (which appends it to the log).
+
+    Parameters
+    ----------
+    loaded
+        :class:`headprobe.LoadedModel`.
+    haystacks
+        Haystack per seed.
+    needles
+        Needles by id; all of one kind.
+    trials
+        Trials still to run.
+    """
+    if config.mode == "reference":
+        for spec in trials:
+            on_trial(_reference_trial(loaded, haystacks[spec.seed], needles[spec.needle_id], spec, config))
+            if progress:
+                progress(1)
+        return
+    by_length: dict[tuple[int, int], list[TrialSpec]] = {}
+    for spec in trials:
+        by_length.setdefault((spec.length, spec.seed), []).append(spec)
+    for (length, seed), group in sorted(by_length.items()):
+        _fast_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress)
+
+
+# ---- reference mode -----------------------------------------------------------------------------
+
+@torch.no_grad()
+def _reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialSpec,
+                     config: NeedleProbeConfig) -> dict[str, Any]:
+    from transformers import DynamicCache
+
+    start = time.perf_counter()
+    model, tok = loaded.model, loaded.tokenizer
+    device = loaded.device
+    ctx = build_context(tok, haystack, needle, spec.length, spec.depth, config.chat_template,
+                        loaded.identity.max_context)
+    ids = torch.tensor([ctx.input_ids], device=device)
+    prompt_len = ids.shape[1]
+    gold = _answer_tokens(tok, needle.answer)
+    steps = len(gold) if needle.kind == "reasoning" else config.max_new_tokens
+    eos = _eos_ids(loaded)
+    layers = _layer_count(model)
+    heads = loaded.identity.num_query_heads
+    names = _score_names(needle.kind)
+    totals = {n: torch.zeros(layers, heads, dtype=torch.float64) for n in names}
+    span_start = torch.tensor([ctx.answer_span[0]])
+    span_end = torch.tensor([ctx.answer_span[1]])
+    prompt_tokens = ids.cpu()
+    pending: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
+        pending[layer] = (rows.cpu(), key_positions.cpu())
+
+    cache = DynamicCache()
+    generated: list[int] = []
+    with RowRecorder(model) as rec:
+        inputs = ids
+        block_start = 0
+        for step in range(steps):
+            position = prompt_len - 1 + step
+            rec.request = RowRequest(torch.tensor([[position]]), block_start, keep)
+            out = model(input_ids=inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
+                        position_ids=torch.arange(block_start, block_start + inputs.shape[1], device=device)[None])
+            token = int(out.logits[0, -1].argmax())
+            if token in eos:
+                break
+            step_tokens = torch.tensor([[token]])
+            mask = torch.ones(1, 1, dtype=torch.bool)
+            for layer, (rows, kp) in pending.items():
+                if "retrieval" in names:
+                    totals["retrieval"][layer] += copy_scores(rows, kp, span_start, span_end, step_tokens, mask,
+                                                              prompt_tokens)[0]
+                name = "enhanced_retrieval" if needle.kind == "retrieval" else "retrieval_reasoning"
+                totals[name][layer] += reasoning_scores(rows, kp, span_start, span_end, mask)[0]
+            pending.clear()
+            generated.append(token)
+            block_start = position + 1
+            inputs = torch.tensor([[token]], device=device)
+    response = tok.decode(generated, skip_special_tokens=True)
+    margin = None
+    if needle.kind == "reasoning":
+        margin = _candidate_margin(model, cache, ids, needle, tok, device)
+    gates, passed = _gates(needle.kind, needle, response, margin, None)
+    return _record(spec, needle, ctx, response, totals, gates, passed, time.perf_counter() - start, "reference")
+
+
+@torch.no_grad()
+def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, device) -> float:
+    """``log p(correct | prompt) − log p(distractor | prompt)`` (sum over each candidate's tokens).
+
+    Reuses the prompt's cache: it is cut back to the prompt minus its last token for each candidate.
+    """
+    prompt_len = ids.shape[1]
+    scores = []
+    for cand in (needle.candidates[1], needle.candidates[0]):
+        c = _answer_tokens(tok, cand)
+        _crop_to(cache, prompt_len - 1)
+        inputs = torch.tensor([[int(ids[0, -1])] + c[:-1]], device=device)
+        out = model(input_ids=inputs, past_key_values=cache, use_cache=True,
+                    position_ids=torch.arange(prompt_len - 1, prompt_len - 1 + len(c), device=device)[None])
+        logp = torch.log_softmax(out.logits[0].float(), dim=-1)
+        scores.append(float(logp[torch.arange(len(c)), torch.tensor(c, device=device)].sum()))
+    return scores[0] - scores[1]
+
+
+def _crop_to(cache, length: int) -> None:
+    """Cut a DynamicCache back to its first ``length`` positions."""
+    extra = cache.get_seq_length() - length
+    if extra > 0:
+        cache.crop(-extra)
+
+
+def restated_answer(needle: Needle) -> str:
+    """The needle's sentence up to the end of the answer: what a model that restates the fact says
+    before (and including) the answer, e.g. "The best thing to do in Porto is to play dominoes"."""
+    import re
+
+    start = 0
+    for m in re.finditer(r"[.!?][\"')\]]*\s+", needle.needle[:needle.answer_offset]):
+        start = m.end()
+    return needle.needle[start:needle.answer_offset + len(needle.answer)]
+
+
+# ---- fast mode ----------------------------------------------------------------------------------
+
+@dataclass
+class _Row:
+    """One row of a fast batch: a trial's prompt followed by forced answer tokens."""
+
+    trial: int
+    variant: str          # "gold" or "distractor"
+    prompt_len: int
+    forced: list[int]
+
+
+@torch.no_grad()
+def _fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,
+                       specs: list[TrialSpec], config: NeedleProbeConfig,
+                       on_trial: Callable[[dict[str, Any]], None], progress) -> None:
+    from transformers import DynamicCache
+
+    model, tok = loaded.model, loaded.tokenizer
+    device = loaded.device
+    group_start = time.perf_counter()
+    base = build_context(tok, haystack, None, length, 0.0, config.chat_template, loaded.identity.max_context)
+    contexts = [build_context(tok, haystack, needles[s.needle_id], length, s.depth, config.chat_template,
+                              loaded.identity.max_context) for s in specs]
+    shared = [min(common_prefix_length(base.input_ids, c.input_ids), c.needle_span[0], c.length - 1)
+              for c in contexts]
+    # KV of the haystack prefix, computed once for the whole length group (all layers kept in full,
+    # sliding-window layers included, so any prefix length can be reused).
+    longest = max(shared)
+    base_cache = DynamicCache()
+    if longest > 0:
+        model(input_ids=torch.tensor([base.input_ids[:longest]], device=device), past_key_values=base_cache,
+              use_cache=True, logits_to_keep=1)
+    base_seconds = (time.perf_counter() - group_start) / len(specs)
+    order = sorted(range(len(specs)), key=lambda i: -shared[i])
+    for chunk_start in range(0, len(order), config.batch_size):
+        chunk = order[chunk_start:chunk_start + config.batch_size]
+        started = time.perf_counter()
+        records = _fast_batch(loaded, base_cache, [specs[i] for i in chunk], [contexts[i] for i in chunk],
+                              min(shared[i] for i in chunk), needles, config)
+        per_trial = (time.perf_counter() - started) / len(chunk) + base_seconds
+        for record in records:
+            record["seconds"] = round(per_trial, 3)
+            on_trial(record)
+        if progress:
+            progress(len(chunk))
+
+
+def _fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[TrialContext], prefix: int,
+                needles: dict[str, Needle], config: NeedleProbeConfig) -> list[dict[str, Any]]:
+    from transformers import DynamicCache
+
+    model, tok = loaded.model, loaded.tokenizer
+    device = loaded.device
+    rows: list[_Row] = []
+    for i, (spec, ctx) in enumerate(zip(specs, contexts)):
+        needle = needles[spec.needle_id]
+        rows.append(_Row(i, "gold", ctx.length, _answer_tokens(tok, needle.answer)))
+        if needle.kind == "retrieval":
+            restated = restated_answer(needle)
+            if restated != needle.answer:
+                rows.append(_Row(i, "restated", ctx.length, _answer_tokens(tok, restated)))
+        if needle.kind == "reasoning":
+            rows.append(_Row(i, "distractor", ctx.length, _answer_tokens(tok, needle.distractor)))
+    suffixes = [contexts[r.trial].input_ids[prefix:] + r.forced[:-1] for r in rows]
+    width = max(len(s) for s in suffixes)
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    batch = len(rows)
+    input_ids = torch.full((batch, width), pad, dtype=torch.long)
+    attention = torch.zeros(batch, prefix + width, dtype=torch.long)
+    attention[:, :prefix] = 1
+    for b, s in enumerate(suffixes):
+        input_ids[b, :len(s)] = torch.tensor(s)
+        attention[b, prefix:prefix + len(s)] = 1
+    steps = max(len(r.forced) for r in rows)
+    positions = torch.zeros(batch, steps, dtype=torch.long)
+    step_mask = torch.zeros(batch, steps, dtype=torch.bool)
+    step_tokens = torch.zeros(batch, steps, dtype=torch.long)
+    for b, r in enumerate(rows):
+        n = len(r.forced)
+        first = r.prompt_len - 1
+        positions[b] = torch.tensor([first + min(t, n - 1) for t in range(steps)])
+        step_mask[b, :n] = True
+        step_tokens[b, :n] = torch.tensor(r.forced)
+    span_start = torch.tensor([contexts[r.trial].answer_span[0] for r in rows])
+    span_end = torch.tensor([contexts[r.trial].answer_span[1] for r in rows])
+    total = prefix + width
+    prompt_tokens = torch.full((batch, total), -1, dtype=torch.long)
+    for b, r in enumerate(rows):
+        ids = contexts[r.trial].input_ids
+        prompt_tokens[b, :len(ids)] = torch.tensor(ids)
+    kind = needles[specs[0].needle_id].kind
+    names = _score_names(kind)
+    layers = _layer_count(model)
+    heads = loaded.identity.num_query_heads
+    totals = {n: torch.zeros(batch, layers, heads, dtype=torch.float64) for n in names}
+
+    def score(layer: int, layer_rows: torch.Tensor, key_positions: torch.Tensor) -> None:
+        if "retrieval" in names:
+            totals["retrieval"][:, layer] = copy_scores(layer_rows, key_positions, span_start, span_end,
+                                                        step_tokens, step_mask, prompt_tokens).cpu()
+        name = "enhanced_retrieval" if kind == "retrieval" else "retrieval_reasoning"
+        totals[name][:, layer] = reasoning_scores(layer_rows, key_positions, span_start, span_end,
+                                                  step_mask).cpu()
+
+    cache = DynamicCache()
+    for layer_idx, layer in enumerate(base_cache.layers):
+        if prefix > 0:
+            cache.update(layer.keys[:, :, :prefix].expand(batch, -1, -1, -1).contiguous(),
+                         layer.values[:, :, :prefix].expand(batch, -1, -1, -1).contiguous(), layer_idx)
+    keep_local = sorted({int(p) - prefix for p in positions.flatten().tolist()})
+    with RowRecorder(model) as rec:
+        rec.request = RowRequest(positions.to(device), prefix, score, key_mask=attention.bool().to(device))
+        out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                    past_key_values=cache if prefix > 0 else None, use_cache=prefix > 0,
+                    position_ids=torch.arange(prefix, total, device=device)[None].expand(batch, -1),
+                    logits_to_keep=torch.tensor(keep_local, device=device))
+    index_of = {p: i for i, p in enumerate(keep_local)}
+    logprobs = torch.log_softmax(out.logits.float(), dim=-1)
+    greedy: list[list[int]] = []
+    likelihood: list[float] = []
+    for b, r in enumerate(rows):
+        cols = [index_of[int(positions[b, t]) - prefix] for t in range(len(r.forced))]
+        lp = logprobs[b, cols]
+        greedy.append(lp.argmax(-1).tolist())
+        likelihood.append(float(lp[torch.arange(len(r.forced)), torch.tensor(r.forced, device=lp.device)].sum()))
+    records = []
+    for i, (spec, ctx) in enumerate(zip(specs, contexts)):
+        needle = needles[spec.needle_id]
+        gold_b = next(b for b, r in enumerate(rows) if r.trial == i and r.variant == "gold")
+        exact = greedy[gold_b] == rows[gold_b].forced
+        restated_b = next((b for b, r in enumerate(rows) if r.trial == i and r.variant == "restated"), None)
+        if not exact and restated_b is not None and greedy[restated_b] == rows[restated_b].forced:
+            gold_b, exact = restated_b, True
+        response = tok.decode(greedy[gold_b], skip_special_tokens=True)
+        margin = None
+        if needle.kind == "reasoning":
+            dis_b = next(b for b, r in enumerate(rows) if r.trial == i and r.variant == "distractor")
+            margin = likelihood[gold_b] - likelihood[dis_b]
+        gates, passed = _gates(needle.kind, needle, response, margin, exact)
+        scores = {n: totals[n][gold_b] for n in names}
+        records.append(_record(spec, needle, ctx, response, scores, gates, passed, 0.0, "fast"))
+    return records
