@@ -1,0 +1,146 @@
+"""Compressed cache through model.generate on tiny random models: equality, ragged batches, budgets, errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from headprobe import HeadprobeError
+from headprobe.budget import BudgetMap
+from headprobe.runtime import (POLICIES, CompressedCache, MapBudget, RatioBudget, UniformBudget, distribute,
+                               generate_compressed, headprobe_attention, make_policy)
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    """Tiny models are dominated by per-op overhead; extra threads only contend on a loaded machine."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+PROMPTS = ["The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 3,
+           "The secret code is blue tulip seven. Numbers"]
+
+
+def _reference(lm, prompts, new):
+    tok = lm.tokenizer
+    tok.padding_side = "left"
+    enc = tok(prompts, return_tensors="pt", padding=True)
+    out = lm.model.generate(**enc, max_new_tokens=new, do_sample=False, pad_token_id=tok.pad_token_id)
+    return enc, out
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_budget_covering_prompt_equals_full_cache_llama(tiny_llama, policy):
+    enc, ref = _reference(tiny_llama, PROMPTS, 24)
+    res = generate_compressed(tiny_llama, PROMPTS, policy=policy, capacity=1000, max_new_tokens=24)
+    assert torch.equal(res.sequences, ref)
+    assert tiny_llama.model.config._attn_implementation == "sdpa"  # restored
+
+
+@pytest.mark.parametrize("policy", sorted(POLICIES))
+def test_budget_covering_prompt_equals_full_cache_gemma3(tiny_gemma3, policy):
+    enc, ref = _reference(tiny_gemma3, PROMPTS, 24)
+    res = generate_compressed(tiny_gemma3, PROMPTS, policy=policy, capacity=1000, max_new_tokens=24)
+    assert torch.equal(res.sequences, ref)
+    kept = res.cache.kept_tokens()
+    # Sliding layers (window 16) hold exactly the window; the global layer holds everything.
+    assert kept[:, :3].max() == 16
+    real = enc["attention_mask"].sum(1)
+    assert kept[:, 3, 0].tolist() == (real + 23).tolist()
+
+
+def test_snapkv_keeps_budget_per_row_and_head(tiny_llama):
+    enc, _ = _reference(tiny_llama, PROMPTS, 1)
+    res = generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=12, max_new_tokens=1)
+    real = enc["attention_mask"].sum(1)
+    kept = res.cache.kept_tokens()            # [batch, layers, kv_heads]
+    assert kept[0].unique().tolist() == [12]
+    assert kept[1].unique().tolist() == [min(12, int(real[1]))]
+    # Real memory: buffers sized to kept + decode room, far below a full cache.
+    assert res.cache.memory_bytes() < res.cache.full_cache_bytes()
+
+
+def test_kept_positions_are_window_plus_topk(tiny_llama):
+    res = generate_compressed(tiny_llama, PROMPTS[:1], policy="snapkv", capacity=12, max_new_tokens=1)
+    store = res.cache.stores[0]
+    n = int(res.cache.prompt_lengths[0])
+    view = store.padded()
+    for s in range(store.segments):
+        pos = sorted(view["positions"][s][view["valid"][s]].tolist())
+        assert len(pos) == 12 and len(set(pos)) == 12
+        assert pos[-8:] == list(range(n - 8, n))      # the window is always kept
+
+
+def test_decode_appends_in_place(tiny_llama):
+    cache = CompressedCache(tiny_llama.model.config, make_policy("snapkv"), UniformBudget(12), max_new_tokens=16)
+    enc = tiny_llama.tokenizer(PROMPTS[:1], return_tensors="pt")
+    buffers = []
+    layer0 = tiny_llama.model.model.layers[0].self_attn
+    hook = layer0.register_forward_hook(lambda *_: buffers.append(cache.stores[0].keys.data_ptr()))
+    try:
+        with headprobe_attention(tiny_llama.model):
+            tiny_llama.model.generate(**enc, past_key_values=cache, max_new_tokens=16, do_sample=False,
+                                      pad_token_id=tiny_llama.tokenizer.pad_token_id)
+    finally:
+        hook.remove()
+    store = cache.stores[0]
+    assert len(buffers) == 16 and len(set(buffers)) == 1     # one buffer from prefill to the last step
+    assert store.capacity.tolist() == [12 + 16] * store.segments
+    assert store.lengths.tolist() == [12 + 15] * store.segments
+
+
+def test_ratio_and_map_budgets(tiny_llama):
+    ident = tiny_llama.identity
+    L, H = ident.num_layers, ident.num_kv_heads
+    shares = torch.rand(L, H, generator=torch.Generator().manual_seed(0)) + 0.05
+    shares = (shares / shares.sum()).tolist()
+    shares[-1][-1] += 1 - sum(map(sum, shares))
+    bm = BudgetMap(model=ident, method={"allocator": "test"}, shares=shares,
+                   budgets=[[16] * H for _ in range(L)])
+    res = generate_compressed(tiny_llama, PROMPTS, policy="snapkv", budget=bm, max_new_tokens=1)
+    kept = res.cache.kept_tokens()
+    real = res.cache.prompt_lengths
+    assert int(kept[0].sum()) == 16 * L * H          # the file's total, rescaled by shares
+    assert kept[0].min() >= 8 and len(kept[0].unique()) > 1
+    assert int(kept[1].max()) <= int(real[1])        # clamped to the short prompt
+    res = generate_compressed(tiny_llama, PROMPTS, policy="snapkv", ratio=0.5, max_new_tokens=1)
+    assert res.cache.kept_tokens()[0, 0, 0] == max(-(-int(real[0]) // 2), 8)
+
+
+def test_distribute_sums_exactly_and_clamps():
+    out = distribute(100, [1, 1, 1, 5], [10, 50, 50, 30])
+    assert out.sum() == 100 and out[3] == 30 and out.max() <= 50
+    assert distribute(7, [1, 1, 1], [1, 1, 1]).sum() == 3
+
+
+def test_errors_are_one_line(tiny_llama, tiny_gemma3):
+    with pytest.raises(HeadprobeError, match="smaller than the snapkv window"):
+        generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=4, max_new_tokens=1)
+    with pytest.raises(HeadprobeError, match="does not apply"):
+        generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=16, policy_options={"block_size": 4})
+    other = tiny_gemma3.identity
+    bm = BudgetMap(model=other, method={"allocator": "test"}, shares=[[0.25]] * 4, budgets=[[16]] * 4)
+    with pytest.raises(HeadprobeError, match="budget file was made for tiny-gemma3"):
+        generate_compressed(tiny_llama, PROMPTS, policy="snapkv", budget=bm, max_new_tokens=1)
+    with pytest.raises(HeadprobeError, match="unknown policy"):
+        make_policy("h2o")
+
+
+def test_prompt_shorter_than_window_keeps_everything(tiny_llama):
+    res = generate_compressed(tiny_llama, ["The river"], policy="snapkv", capacity=16, max_new_tokens=5)
+    n = int(res.cache.prompt_lengths[0])
+    assert n < 8
+    assert res.cache.kept_tokens().unique().tolist() == [n + 4]
+
+
+def test_unsupported_layer_type_is_named(tiny_llama):
+    cfg = tiny_llama.model.config
+    old = getattr(cfg, "layer_types", None)
+    cfg.layer_types = ["full_attention", "chunked_attention", "full_attention", "full_attention"]
+    try:
+        with pytest.raises(HeadprobeError, match="layer 1 has attention type 'chunked_attention'"):
+            generate_compressed(tiny_llama, PROMPTS, capacity=16, max_new_tokens=1)
+    finally:
+        cfg.layer_types = old
