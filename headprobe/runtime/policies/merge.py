@@ -42,36 +42,36 @@ def merge_groups(keys: torch.Tensor, values: torch.Tensor, log_votes: torch.Tens
         Updated tensors; only the rows of retained pairs are meaningful.
     """
     s, length, d = keys.shape
-    f32 = torch.float32
+    ft = torch.float64 if keys.dtype == torch.float64 else torch.float32
     shift = logits.masked_fill(~merged, float("-inf")).amax(1, keepdim=True).clamp(min=-1e30)
-    p = torch.exp(log_votes.float()) * merged
-    w = p * torch.exp((logits.float() - shift).clamp(max=0))          # scaled by exp(-shift)
+    p = torch.exp(log_votes.to(ft)) * merged
+    w = p * torch.exp((logits.to(ft) - shift).clamp(max=0))          # scaled by exp(-shift)
     w = w * merged
     idx = target.clamp(0, length - 1)
 
     def gather_sum(x: torch.Tensor) -> torch.Tensor:
-        out = torch.zeros((s, length, *x.shape[2:]), dtype=f32, device=keys.device)
+        out = torch.zeros((s, length, *x.shape[2:]), dtype=ft, device=keys.device)
         index = idx if x.dim() == 2 else idx[..., None].expand_as(x)
-        return out.scatter_add_(1, index, x.float())
+        return out.scatter_add_(1, index, x.to(ft))
 
     sw, sp = gather_sum(w), gather_sum(p)
-    swk, swv = gather_sum(w[..., None] * keys.float()), gather_sum(w[..., None] * values.float())
-    swl = gather_sum(w * logits.float())
+    swk, swv = gather_sum(w[..., None] * keys.to(ft)), gather_sum(w[..., None] * values.to(ft))
+    swl = gather_sum(w * logits.to(ft))
     has = sw > 0
-    new_v = torch.where(has[..., None], swv / sw.clamp(min=1e-30)[..., None], values.float())
-    new_lnp = torch.where(sp > 0, torch.log(sp.clamp(min=1e-30)), log_votes.float())
+    new_v = torch.where(has[..., None], swv / sw.clamp(min=1e-30)[..., None], values.to(ft))
+    new_lnp = torch.where(sp > 0, torch.log(sp.clamp(min=1e-30)), log_votes.to(ft))
     ln_ratio = torch.log(sw.clamp(min=1e-30)) + shift - torch.log(sp.clamp(min=1e-30))   # ln(Σw/Σp), true scale
-    new_l = torch.where(has, ln_ratio, logits.float())
+    new_l = torch.where(has, ln_ratio, logits.to(ft))
     if key_merge == "zip":
         den = swl
         ok = has & (den.abs() > 1e-12)
         zip_k = swk * (ln_ratio / torch.where(ok, den, torch.ones_like(den)))[..., None]
         convex = swk / sw.clamp(min=1e-30)[..., None]
-        new_k = torch.where(ok[..., None], zip_k, torch.where(has[..., None], convex, keys.float()))
+        new_k = torch.where(ok[..., None], zip_k, torch.where(has[..., None], convex, keys.to(ft)))
     elif key_merge == "convex":
-        new_k = torch.where(has[..., None], swk / sw.clamp(min=1e-30)[..., None], keys.float())
+        new_k = torch.where(has[..., None], swk / sw.clamp(min=1e-30)[..., None], keys.to(ft))
     elif key_merge == "values_only":
-        new_k = keys.float()
+        new_k = keys.to(ft)
     else:
         raise ValueError(f"key_merge {key_merge!r}")
     return new_k.to(keys.dtype), new_v.to(values.dtype), new_lnp, new_l

@@ -67,7 +67,7 @@ class MorphKV(Policy):
         budget = ctx.budgets.reshape(-1).to(kept.device)
         limit = torch.minimum(budget + self.evict_every - 1, kept + ctx.cache.max_new_tokens)
         ctx.cache.layer_state[ctx.layer_idx]["budget"] = budget
-        return (limit - kept).clamp(min=1)
+        return (limit - kept).clamp(min=0)
 
     def build_store(self, ctx, selection, log_votes=None):
         store = super().build_store(ctx, selection, log_votes)
