@@ -48,6 +48,7 @@ class TrialContext:
     target_length: int
     depth: float
     actual_depth: float
+    response_prefix: str = ""
 
     @property
     def length(self) -> int:
@@ -59,8 +60,17 @@ def question_prompt(needle: Needle | None, question: str | None = None) -> str:
     q = question if question is not None else (needle.question if needle else "")
     if needle is not None and needle.kind == "reasoning":
         c1, c2 = needle.candidates
-        return (f"Question: {q}\nAnswer with {c1!r} or {c2!r} only, based on the document above.")
+        return f"Question: {q}\nAnswer with {c1} or {c2} only, based on the document above."
     return f"Question: {q}\nAnswer in a short phrase, based on the document above."
+
+
+#: Start of the model's response for reasoning needles, so a small model names a candidate at once
+#: instead of restating the question ("The older person ...").
+REASONING_RESPONSE_PREFIX = "The answer is:"
+
+
+def response_prefix(needle: Needle | None) -> str:
+    return REASONING_RESPONSE_PREFIX if needle is not None and needle.kind == "reasoning" else ""
 
 
 def render_prompt(tokenizer, user_text: str, chat_template: bool) -> tuple[str, int, bool]:
@@ -143,7 +153,8 @@ def build_context(
     empty, _, add_special = render_prompt(tokenizer, f"\n\n{qtext}", chat_template)
     overhead = len(tokenizer(empty, add_special_tokens=add_special)["input_ids"])
     if needle is not None:
-        overhead += len(tokenizer(" " + needle.needle, add_special_tokens=False)["input_ids"]) + 1
+        overhead += len(tokenizer(" " + needle.needle + response_prefix(needle),
+                                  add_special_tokens=False)["input_ids"]) + 1
     budget = length - overhead
     if budget <= 0:
         raise HeadprobeError(f"--lengths {length}: too short for the prompt around the haystack ({overhead} tokens)")
@@ -183,6 +194,8 @@ def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: 
         actual = needle_at / max(1, len(body))
     user_text = f"{document}\n\n{qtext}"
     text, offset, add_special = render_prompt(tokenizer, user_text, chat_template)
+    prefix = response_prefix(needle)
+    text += prefix
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
@@ -193,7 +206,22 @@ def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: 
     answer_chars = (answer_start, answer_start + len(needle.answer))
     answer_span = chars_to_tokens(offsets, *answer_chars)
     needle_span = chars_to_tokens(offsets, needle_start, needle_start + len(needle.needle))
-    return TrialContext(ids, text, answer_span, needle_span, answer_chars, length, depth, actual)
+    return TrialContext(ids, text, answer_span, needle_span, answer_chars, length, depth, actual, prefix)
+
+
+def response_tokens(tokenizer, context: TrialContext, answer: str) -> list[int]:
+    """Token ids of ``answer`` as the model's response continues the prompt.
+
+    After a response prefix ("The answer is") the answer follows a space; tokenising prefix and answer
+    together and dropping the prefix's tokens gives the ids a model would produce there.
+    """
+    if not context.response_prefix:
+        return list(tokenizer(answer, add_special_tokens=False)["input_ids"])
+    head = tokenizer(context.response_prefix, add_special_tokens=False)["input_ids"]
+    both = tokenizer(context.response_prefix + " " + answer, add_special_tokens=False)["input_ids"]
+    if both[:len(head)] == head:
+        return list(both[len(head):])
+    return list(tokenizer(" " + answer, add_special_tokens=False)["input_ids"])
 
 
 def chars_to_tokens(offsets: list[tuple[int, int]], start: int, end: int) -> tuple[int, int]:

@@ -102,4 +102,12 @@ def profiles_from_log(settings: dict[str, Any], records: list[dict[str, Any]]) -
         return [retention_profile(identity, settings, records)]
     kinds = ("retrieval", "enhanced_retrieval") if settings["pass"] == "retrieval" else ("retrieval_reasoning",)
     wanted = [k for k in kinds if k in settings.get("probes", kinds)]
-    return [needle_profile(k, identity, settings, records, reduction) for k in wanted]
+    profiles, failures = [], []
+    for kind in wanted:
+        try:
+            profiles.append(needle_profile(kind, identity, settings, records, reduction))
+        except NoPassingTrialsError as exc:
+            failures.append(str(exc))
+    if failures and not profiles:
+        raise NoPassingTrialsError("; ".join(failures))
+    return profiles

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 
 from ..attention import RowRecorder, RowRequest
-from ..haystack.context import TrialContext, build_context, common_prefix_length
+from ..haystack.context import TrialContext, build_context, common_prefix_length, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
 from .gates import qa_f1, rouge1_recall
@@ -146,7 +146,7 @@ def _reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialSpec
                         loaded.identity.max_context)
     ids = torch.tensor([ctx.input_ids], device=device)
     prompt_len = ids.shape[1]
-    gold = _answer_tokens(tok, needle.answer)
+    gold = response_tokens(tok, ctx, needle.answer)
     steps = len(gold) if needle.kind == "reasoning" else config.max_new_tokens
     eos = _eos_ids(loaded)
     layers = _layer_count(model)
@@ -189,13 +189,13 @@ def _reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialSpec
     response = tok.decode(generated, skip_special_tokens=True)
     margin = None
     if needle.kind == "reasoning":
-        margin = _candidate_margin(model, cache, ids, needle, tok, device)
+        margin = _candidate_margin(model, cache, ids, needle, tok, device, ctx)
     gates, passed = _gates(needle.kind, needle, response, margin, None)
     return _record(spec, needle, ctx, response, totals, gates, passed, time.perf_counter() - start, "reference")
 
 
 @torch.no_grad()
-def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, device) -> float:
+def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, device, ctx: TrialContext) -> float:
     """``log p(correct | prompt) − log p(distractor | prompt)`` (sum over each candidate's tokens).
 
     Reuses the prompt's cache: it is cut back to the prompt minus its last token for each candidate.
@@ -203,7 +203,7 @@ def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, devi
     prompt_len = ids.shape[1]
     scores = []
     for cand in (needle.candidates[1], needle.candidates[0]):
-        c = _answer_tokens(tok, cand)
+        c = response_tokens(tok, ctx, cand)
         _crop_to(cache, prompt_len - 1)
         inputs = torch.tensor([[int(ids[0, -1])] + c[:-1]], device=device)
         out = model(input_ids=inputs, past_key_values=cache, use_cache=True,
@@ -288,13 +288,13 @@ def _fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[Trial
     rows: list[_Row] = []
     for i, (spec, ctx) in enumerate(zip(specs, contexts)):
         needle = needles[spec.needle_id]
-        rows.append(_Row(i, "gold", ctx.length, _answer_tokens(tok, needle.answer)))
+        rows.append(_Row(i, "gold", ctx.length, response_tokens(tok, ctx, needle.answer)))
         if needle.kind == "retrieval":
             restated = restated_answer(needle)
             if restated != needle.answer:
                 rows.append(_Row(i, "restated", ctx.length, _answer_tokens(tok, restated)))
         if needle.kind == "reasoning":
-            rows.append(_Row(i, "distractor", ctx.length, _answer_tokens(tok, needle.distractor)))
+            rows.append(_Row(i, "distractor", ctx.length, response_tokens(tok, ctx, needle.distractor)))
     suffixes = [contexts[r.trial].input_ids[prefix:] + r.forced[:-1] for r in rows]
     width = max(len(s) for s in suffixes)
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0

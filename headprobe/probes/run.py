@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, NoPassingTrialsError
 from ..haystack.corpus import Haystack, load_haystack
 from ..haystack.needles import load_needles, needle_set_fingerprint, shipped_needle_file
 from ..haystack.tasks import load_tasks
@@ -93,6 +93,7 @@ class ProfileResult:
     profiles: list[Path]
     trials_run: int
     trials_skipped: int
+    failures: list[str] = field(default_factory=list)
 
 
 def _haystack_for_seed(base: Haystack, seed: int) -> Haystack:
@@ -193,7 +194,12 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
             result.trials_run += counter["n"]
         result.logs.append(log_path)
         if request.shard is None:
-            for profile in profiles_from_log(log.settings, list(log.records())):
+            try:
+                profiles = profiles_from_log(log.settings, list(log.records()))
+            except NoPassingTrialsError as exc:  # other passes still run; the log keeps every trial
+                result.failures.append(str(exc))
+                continue
+            for profile in profiles:
                 path = out_dir / f"{stem}.{profile.kind}.json"
                 profile.save(path)
                 result.profiles.append(path)

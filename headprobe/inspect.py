@@ -1,0 +1,91 @@
+"""Validate any headprobe file and summarise it in a few lines (``headprobe inspect``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .budget import BUDGET_FORMAT, BudgetMap
+from .errors import FileFormatError
+from .jsonio import read_json
+from .profile import PROFILE_FORMAT, Profile
+from .probes.triallog import LOG_FORMAT, read_log
+
+
+def summarize_file(path: str | Path, top: int = 10) -> list[str]:
+    """Validate ``path`` (profile, budget map or trial log) and return summary lines.
+
+    Raises
+    ------
+    FileFormatError
+        If the file is not a valid headprobe file.
+    """
+    path = Path(path)
+    if path.suffix == ".jsonl":
+        return _summarize_log(path)
+    obj = read_json(path)
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    if fmt == PROFILE_FORMAT:
+        return _summarize_profile(Profile.load(path), path, top)
+    if fmt == BUDGET_FORMAT:
+        return _summarize_budget(BudgetMap.load(path), path)
+    raise FileFormatError(path, "format", f"expected '{PROFILE_FORMAT}' or '{BUDGET_FORMAT}', found {fmt!r}")
+
+
+def _model_line(model) -> str:
+    kinds = sorted(set(model.layer_types))
+    return (f"model      {model.name} ({model.architecture}; {model.num_layers} layers, {model.num_query_heads} "
+            f"query heads, {model.num_kv_heads} KV heads, head_dim {model.head_dim}; {', '.join(kinds)}; "
+            f"fingerprint {model.fingerprint})")
+
+
+def _summarize_profile(profile: Profile, path: Path, top: int) -> list[str]:
+    lines = [f"{path}: headprobe profile v1, kind {profile.kind}, created {profile.created}", _model_line(profile.model)]
+    probe = profile.probe
+    if "lengths" in probe:
+        lines.append(f"probe      mode {probe.get('mode')}; lengths {probe.get('lengths')}; "
+                     f"{len(probe.get('depths', []))} depths; seeds {probe.get('seeds')}; gate {probe.get('gate')}")
+    elif "source" in probe:
+        lines.append(f"source     {probe['source']}")
+    t = profile.trials
+    if t.get("total"):
+        lines.append(f"trials     {t['passed']}/{t['total']} passed the {t.get('gate', 'gate')} gate"
+                     + (f" (by gate: {t['passed_by_gate']})" if t.get("passed_by_gate") else ""))
+    for needle, c in (t.get("per_needle") or {}).items():
+        lines.append(f"  needle {needle:<10} {c['passed']:>4}/{c['total']:<4} passed ({100 * c['passed'] / max(1, c['total']):.0f}%)")
+    if profile.query_heads is not None:
+        flat = [s for row in profile.query_heads for s in row]
+        zeros = sum(1 for s in flat if s == 0)
+        lines.append(f"scores     {len(flat)} query heads; {100 * zeros / len(flat):.0f}% exactly 0; "
+                     f"{sum(1 for s in flat if s > 0.1)} above 0.1; max {max(flat):.4f}; "
+                     f"KV heads by {profile.group_reduction}")
+        heads = ", ".join(f"{l}-{h} ({s:.3f})" for l, h, s in profile.top_heads(top))
+        lines.append(f"top heads  {heads}  (layer-queryhead)")
+    if profile.retention:
+        for task, r in profile.retention.items():
+            best = sorted(range(len(r.mean)), key=lambda i: -r.mean[i])[:5]
+            lines.append(f"retention  {task:<20} {r.samples} samples; top layers "
+                         + ", ".join(f"{i} ({r.mean[i]:.3f}±{r.std[i]:.3f})" for i in best))
+    return lines
+
+
+def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
+    flat = sorted(b for row in budget.budgets for b in row)
+    m = budget.method
+    return [
+        f"{path}: headprobe budget map v1, granularity {budget.granularity}, created {budget.created}",
+        _model_line(budget.model),
+        "method     " + ", ".join(f"{k}={v}" for k, v in m.items() if k != "sources" and v is not None),
+        f"totals     {budget.total} tokens; per head min {flat[0]}, median {flat[len(flat) // 2]}, max {flat[-1]}",
+        "per layer  " + " ".join(str(x) for x in budget.per_layer),
+    ]
+
+
+def _summarize_log(path: Path) -> list[str]:
+    settings, trials = read_log(path)
+    lines = [f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {settings.get('mode')}, "
+             f"{len(trials)} trials", f"model      {settings.get('model', {}).get('name')}"]
+    if settings.get("pass") != "layer_retention":
+        gate = settings.get("gate", "published")
+        passed = sum(1 for t in trials if t.get("gates", {}).get(gate))
+        lines.append(f"passed     {passed}/{len(trials)} ({gate} gate)")
+    return lines
