@@ -158,7 +158,8 @@ def build_context(
     budget = length - overhead
     if budget <= 0:
         raise HeadprobeError(f"--lengths {length}: too short for the prompt around the haystack ({overhead} tokens)")
-    for _ in range(4):
+    best: TrialContext | None = None
+    for _ in range(6):
         if budget > len(offsets):
             raise HeadprobeError(
                 f"haystack {haystack.name}: too short for {length} tokens ({len(offsets)} tokens of text); "
@@ -169,13 +170,17 @@ def build_context(
             cut = offsets[budget - 1][1]
         body = text[:cut].rstrip()
         context = _assemble(tokenizer, body, needle, depth, qtext, chat_template, length)
-        if context.length <= length and (length - context.length <= 64 or budget >= len(offsets)):
-            return context
-        budget += length - context.length
-        budget = max(1, budget)
-    if context.length > length:
-        raise HeadprobeError(f"could not fit a prompt into {length} tokens")
-    return context
+        if context.length <= length and (best is None or context.length > best.length):
+            best = context
+        if best is not None and length - best.length <= 16:
+            break
+        step = length - context.length
+        if step == 0 or (step > 0 and best is context and budget >= len(offsets)):
+            break
+        budget = max(1, budget + (step if step < 0 else max(1, step // 2)))
+    if best is None:
+        raise HeadprobeError(f"could not fit a prompt into {length} tokens; try a larger --lengths value")
+    return best
 
 
 def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: str, chat_template: bool,
