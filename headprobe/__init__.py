@@ -24,10 +24,12 @@ from .haystack import Needle, load_haystack, load_needles, load_tasks  # noqa: E
 from .probes import grid as probe_grid  # noqa: E402
 from .probes.retention import RetentionConfig  # noqa: E402
 from .probes.run import PROBES, ProfileRequest, ProfileResult, merge_profile_logs, run_profile  # noqa: E402
+from .probes.run import model_slug as probes_model_slug  # noqa: E402
 from .probes.triallog import read_log  # noqa: E402
 
 __all__ += ["Needle", "PROBES", "ProfileRequest", "ProfileResult", "RetentionConfig", "load_haystack",
-            "load_needles", "load_tasks", "merge_profile_logs", "probe_grid", "read_log", "run_profile"]
+            "load_needles", "load_tasks", "merge_profile_logs", "probe_grid", "probes_model_slug", "read_log",
+            "run_profile"]
 from .inspect import summarize_file  # noqa: E402
 
 __all__ += ["summarize_file"]
