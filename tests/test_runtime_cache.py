@@ -94,17 +94,19 @@ def test_decode_appends_in_place(tiny_llama):
 def test_ratio_and_map_budgets(tiny_llama):
     ident = tiny_llama.identity
     L, H = ident.num_layers, ident.num_kv_heads
-    shares = torch.rand(L, H, generator=torch.Generator().manual_seed(0)) + 0.05
-    shares = (shares / shares.sum()).tolist()
-    shares[-1][-1] += 1 - sum(map(sum, shares))
-    bm = BudgetMap(model=ident, method={"allocator": "test"}, shares=shares,
-                   budgets=[[16] * H for _ in range(L)])
+    budgets = [[8 + 4 * ((3 * layer + head) % 5) for head in range(H)] for layer in range(L)]
+    total = sum(map(sum, budgets))
+    shares = [[b / total for b in row] for row in budgets]
+    bm = BudgetMap(model=ident, method={"allocator": "test"}, shares=shares, budgets=budgets)
     res = generate_compressed(tiny_llama, PROMPTS, policy="snapkv", budget=bm, max_new_tokens=1)
     kept = res.cache.kept_tokens()
     real = res.cache.prompt_lengths
-    assert int(kept[0].sum()) == 16 * L * H          # the file's total, rescaled by shares
-    assert kept[0].min() >= 8 and len(kept[0].unique()) > 1
-    assert int(kept[1].max()) <= int(real[1])        # clamped to the short prompt
+    assert kept[0].tolist() == budgets                # long prompt: the file's budgets as they are
+    assert int(kept[1].max()) <= int(real[1])         # clamped to the short prompt
+    rescaled = generate_compressed(tiny_llama, PROMPTS, policy="snapkv", budget=bm, capacity=10,
+                                   max_new_tokens=1).cache.kept_tokens()[0]
+    assert int(rescaled.sum()) == 10 * L * H and int(rescaled.min()) >= 8
+    assert rescaled.flatten()[kept[0].argmax()] == rescaled.max()   # same distribution, smaller total
     res = generate_compressed(tiny_llama, PROMPTS, policy="snapkv", ratio=0.5, max_new_tokens=1)
     assert res.cache.kept_tokens()[0, 0, 0] == max(-(-int(real[0]) // 2), 8)
 

@@ -157,14 +157,19 @@ class MapBudget(BudgetSource):
                 raise HeadprobeError(f"budget file has a head budget of {smallest} tokens, smaller than the "
                                      f"{policy.name} window ({window} tokens)")
             total = bm.total
+        from ..allocation.clamp import clamp_and_redistribute
+
         shares = np.asarray(bm.shares, dtype=np.float64).ravel()
-        rows = []
-        for n in prompt_lengths.cpu().tolist():
-            base = min(window, n)
-            caps = np.full(heads, n - base, dtype=np.int64)
-            extra = distribute(max(total - base * heads, 0), shares, caps)
-            rows.append(torch.from_numpy((extra + base).reshape(shape)))
-        return torch.stack(rows).long()
+        if self.capacity is not None:
+            # The file's distribution at the requested total: the window for every head, the rest by shares.
+            unbounded = np.full(heads, np.iinfo(np.int64).max // (4 * heads), dtype=np.int64)
+            target = (distribute(max(total - window * heads, 0), shares, unbounded) + window).reshape(shape)
+        else:
+            target = np.asarray(bm.budgets, dtype=np.int64)
+        lengths = [int(n) for n in prompt_lengths.cpu().tolist()]
+        clamped = clamp_and_redistribute(target, lengths, window=window,
+                                         weights=np.asarray(bm.shares, dtype=np.float64))
+        return torch.as_tensor(np.asarray(clamped, dtype=np.int64).reshape(len(lengths), *shape))
 
     def describe(self) -> str:
         cap = f", rescaled to capacity {self.capacity}" if self.capacity else ""
