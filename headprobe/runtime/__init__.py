@@ -9,3 +9,7 @@ from .policies import POLICIES, Policy
 __all__ = ["BudgetSource", "CompressedCache", "GenerationResult", "MapBudget", "POLICIES", "Policy",
            "RatioBudget", "UniformBudget", "distribute", "generate_compressed", "headprobe_attention",
            "make_policy"]
+
+from .kernels.dispatch import set_backend as set_kernel_backend  # noqa: E402
+
+__all__ += ["set_kernel_backend"]

@@ -1,0 +1,97 @@
+"""``headprobe generate``: answer a prompt with a compressed KV cache and report its memory."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import headprobe
+from headprobe import HeadprobeError
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser(
+        "generate", help="generate with a per-head compressed KV cache", formatter_class=formatter,
+        description="Generate an answer with a compressed KV cache (per-layer, per-KV-head budgets) and print "
+                    "the real cache size next to a full cache.",
+        epilog="examples:\n"
+               "  headprobe generate --capacity 128 --policy snapkv \"Summarise: ...\"\n"
+               "  headprobe generate --budget budgets/smollm2.headkv.json --policy keydiff "
+               "--option block_size=128 \"...\"\n"
+               "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt")
+    p.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file, or - for stdin)")
+    p.add_argument("--prompt-file", help="read the prompt from this file")
+    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--budget", metavar="FILE", help="budget file (headprobe.budget JSON) for this model")
+    src.add_argument("--ratio", type=float, help="keep this fraction of the prompt in every head")
+    p.add_argument("--capacity", type=int, default=None,
+                   help="mean tokens per head (default 128; with --budget, rescales the file to this capacity)")
+    p.add_argument("--policy", default="snapkv", choices=sorted(headprobe.POLICIES), help="which tokens to keep")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="policy option, repeatable (e.g. window=16, key_merge=zip)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
+    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 or auto (default: GPU if any)")
+    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
+    p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
+                   help="Triton kernels or the PyTorch path")
+    p.set_defaults(func=run)
+
+
+def _parse_options(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise HeadprobeError(f"--option {item}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
+
+
+def _prompt(args: argparse.Namespace) -> str:
+    if args.prompt_file:
+        try:
+            with open(args.prompt_file, encoding="utf-8") as handle:
+                return handle.read()
+        except OSError as exc:
+            raise HeadprobeError(f"--prompt-file {args.prompt_file}: {exc.strerror}") from exc
+    if args.prompt == "-" or (args.prompt is None and not sys.stdin.isatty()):
+        return sys.stdin.read()
+    if not args.prompt:
+        raise HeadprobeError("give a prompt, --prompt-file FILE, or - to read stdin")
+    return args.prompt
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def run(args: argparse.Namespace) -> int:
+    prompt = _prompt(args)
+    options = _parse_options(args.option)
+    policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
+    budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
+    headprobe.set_kernel_backend(args.kernels)
+    lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
+    res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
+                                        capacity=args.capacity, max_new_tokens=args.max_new_tokens,
+                                        chat=not args.no_chat)
+    print(res.texts[0].strip())
+    cache = res.cache
+    kept = cache.kept_tokens()
+    prompt_len = int(cache.prompt_lengths[0])
+    full = cache.full_cache_bytes()
+    used = cache.memory_bytes()
+    print(f"cache: {_mib(used)} ({args.policy}, {int(kept.sum())} tokens kept over {kept[0].numel()} KV heads, "
+          f"{int(kept.min())}-{int(kept.max())} per head) vs full cache {_mib(full)} "
+          f"for {prompt_len} prompt + {res.new_tokens.shape[1]} new tokens: {used / max(full, 1):.1%}",
+          )
+    return 0
