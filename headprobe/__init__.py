@@ -33,3 +33,12 @@ __all__ += ["Needle", "PROBES", "ProfileRequest", "ProfileResult", "RetentionCon
 from .inspect import summarize_file  # noqa: E402
 
 __all__ += ["summarize_file"]
+
+# runtime (compressed KV cache inside generate)
+from .runtime import (POLICIES, CompressedCache, GenerationResult, MapBudget, Policy, RatioBudget,  # noqa: E402
+                      UniformBudget, generate_compressed, headprobe_attention, make_policy, set_kernel_backend)
+from .runtime.policies import DynamicKV, Full, KeepKV, KeyDiff, MorphKV, SnapKV, Streaming  # noqa: E402
+
+__all__ += ["CompressedCache", "DynamicKV", "Full", "GenerationResult", "KeepKV", "KeyDiff", "MapBudget",
+            "MorphKV", "POLICIES", "Policy", "RatioBudget", "SnapKV", "Streaming", "UniformBudget",
+            "generate_compressed", "headprobe_attention", "make_policy", "set_kernel_backend"]
