@@ -1,0 +1,45 @@
+"""``headprobe generate`` parses options and reports errors in one line (no model load needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from headprobe_cli.main import main
+
+
+def test_generate_rejects_an_option_the_policy_does_not_have(capsys):
+    assert main(["generate", "--policy", "snapkv", "--option", "block_size=3", "hello"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["headprobe: error: policy snapkv: option 'block_size' does not apply "
+                   "(options: window, kernel_size, pooling)"]
+
+
+def test_generate_rejects_a_bad_budget_file(tmp_path, capsys):
+    bad = tmp_path / "b.json"
+    bad.write_text('{"format": "headprobe.profile", "version": 1}')
+    assert main(["generate", "--budget", str(bad), "hello"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(bad) in err[0]
+
+
+def test_generate_help_has_an_example(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    assert "headprobe generate --capacity 128" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_generate_prints_answer_and_cache_line(capsys):
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        rc = main(["generate", "--capacity", "16", "--policy", "snapkv", "--max-new-tokens", "12", "--device", "cpu",
+                   "What is the capital of France? Answer in one word."])
+    finally:
+        torch.set_num_threads(before)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert rc == 0
+    assert "Paris" in out[0]
+    assert out[-1].startswith("cache: ") and "vs full cache" in out[-1]
