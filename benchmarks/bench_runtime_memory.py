@@ -99,12 +99,16 @@ def main() -> None:
         budget_bytes = kept * store.bytes_per_token()
         _, res_room = compressed_generate(lm, ids, new, **kw)
         room_bytes = res_room.cache.memory_bytes()
-        expected = (kept + new * cache.num_layers * cache.num_kv_heads) * store.bytes_per_token()
+        slots = kept + new * cache.num_layers * cache.num_kv_heads
+        expected = slots * store.bytes_per_token()                          # K, V and the int32 position
+        kv_only = slots * 2 * store.head_dim * store.keys.element_size()     # K and V alone
         report[label] = {
             "kept_tokens": kept, "cache_bytes": cache.memory_bytes(),
             "vs_full": cache.memory_bytes() / full_bytes,
             "budget_bytes": budget_bytes, "cache_bytes_with_room": room_bytes,
             "budget_plus_room_bytes": expected, "over_budget_plus_room": room_bytes / expected - 1,
+            "kv_budget_plus_room_bytes": kv_only, "over_kv_budget_plus_room": room_bytes / kv_only - 1,
+            "kept_min_max": [int(cache.kept_tokens().min()), int(cache.kept_tokens().max())],
         }
 
     # Time per decoded token, same run.

@@ -106,6 +106,18 @@ class LayerStore:
     def padded(self) -> dict[str, torch.Tensor]:
         """Keys, values, positions and mask as ``[segments, max_len, ...]`` tensors (copies)."""
         index, valid = self.view_index()
+        width = index.shape[1]
+        cap = int(self.capacity[0]) if self.capacity.numel() else 0
+        if cap >= width and bool((self.capacity == cap).all()) and self.segments * cap <= self.keys.shape[0]:
+            # Equal capacities: the segments are a strided view of the flat buffer, no gather needed.
+            seg = self.segments
+            out = {"index": index, "valid": valid,
+                   "keys": self.keys[: seg * cap].view(seg, cap, -1)[:, :width],
+                   "values": self.values[: seg * cap].view(seg, cap, -1)[:, :width],
+                   "positions": self.positions[: seg * cap].view(seg, cap)[:, :width].long()}
+            if self.log_votes is not None:
+                out["log_votes"] = self.log_votes[: seg * cap].view(seg, cap)[:, :width]
+            return out
         out = {"index": index, "valid": valid, "keys": self.keys[index], "values": self.values[index],
                "positions": self.positions[index].long()}
         if self.log_votes is not None:
