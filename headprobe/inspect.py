@@ -47,7 +47,9 @@ def _summarize_profile(profile: Profile, path: Path, top: int) -> list[str]:
     elif "source" in probe:
         lines.append(f"source     {probe['source']}")
     t = profile.trials
-    if t.get("total"):
+    if t.get("per_task"):
+        lines.append(f"samples    {t['total']} prompts: " + ", ".join(f"{k} {v}" for k, v in t["per_task"].items()))
+    elif t.get("total"):
         lines.append(f"trials     {t['passed']}/{t['total']} passed the {t.get('gate', 'gate')} gate"
                      + (f" (by gate: {t['passed_by_gate']})" if t.get("passed_by_gate") else ""))
     for needle, c in (t.get("per_needle") or {}).items():

@@ -35,7 +35,7 @@ def test_generate_prints_answer_and_cache_line(capsys):
     before = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        rc = main(["generate", "--capacity", "16", "--policy", "snapkv", "--max-new-tokens", "12", "--device", "cpu",
+        rc = main(["generate", "--capacity", "64", "--policy", "snapkv", "--max-new-tokens", "12", "--device", "cpu",
                    "What is the capital of France? Answer in one word."])
     finally:
         torch.set_num_threads(before)
