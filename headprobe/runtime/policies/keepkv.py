@@ -93,9 +93,10 @@ class KeepKV(Policy):
         if self.score_estimator == "ema":
             store.add_aux("logit")[rows] = logits[valid]
         else:
+            # The prefill estimate counts as one observation, in the ring slot overwritten last.
             store.add_aux("logit_sum")[rows] = logits[valid]
             store.add_aux("logit_count")[rows] = 1.0
-            store.add_aux("logit_hist", (self.score_window,))
+            store.add_aux("logit_hist", (self.score_window,))[rows, -1] = logits[valid]
 
     def _scores(self, store: LayerStore, index: torch.Tensor) -> torch.Tensor:
         if self.score_estimator == "ema":
