@@ -131,3 +131,12 @@ def test_keepkv_merges_and_votes(tiny_llama, options):
         seen = float(res.cache.prompt_lengths[0] + 11)
         assert torch.allclose(votes[: store.kv_heads].sum(1), torch.full((store.kv_heads,), seen), rtol=1e-4)
     assert float(votes.max()) > 1.0
+
+
+def test_snapkv_adaptive_split_keeps_each_layer_total(tiny_llama):
+    res = generate_compressed(tiny_llama, LONG, policy="snapkv", capacity=20, max_new_tokens=1,
+                              policy_options={"adaptive": True, "floor_share": 0.25})
+    kept = res.cache.kept_tokens()[0]                       # [layers, kv_heads]
+    assert kept.sum(1).tolist() == [40] * kept.shape[0]     # each layer's total is unchanged
+    assert int(kept.min()) >= 8 + 3                         # window + the 25 % safeguard
+    assert len(kept.unique()) > 1                           # heads really got different budgets

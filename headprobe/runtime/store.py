@@ -55,8 +55,9 @@ class LayerStore:
         self.lengths = torch.zeros_like(capacity)
         self.peak_lengths = torch.zeros_like(capacity)
         total = max(int(capacity.sum()), 1)
-        self.keys = torch.empty(total, head_dim, dtype=dtype, device=device)
-        self.values = torch.empty(total, head_dim, dtype=dtype, device=device)
+        # Zeroed: unused slots are read (masked) by the strided view, and must never hold NaN.
+        self.keys = torch.zeros(total, head_dim, dtype=dtype, device=device)
+        self.values = torch.zeros(total, head_dim, dtype=dtype, device=device)
         self.positions = torch.full((total,), -1, dtype=torch.int32, device=device)
         self.log_votes = torch.zeros(total, dtype=torch.float32, device=device) if votes else None
         self.extra_bytes = 0  # policy state counted as cache memory (MorphKV queries)

@@ -7,7 +7,7 @@ the window. Decoding appends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import ClassVar
 
 import torch
@@ -32,14 +32,50 @@ def window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str
     return scores.reshape(b, ctx.kv_heads, hq // ctx.kv_heads, n).mean(2)
 
 
+def adaptive_budgets(scores: torch.Tensor, ctx: LayerContext, window: int, floor_share: float) -> torch.Tensor:
+    """AdaKV-style online split of a layer's budget over its heads: ``[batch, kv_heads]``.
+
+    Every head first keeps ``floor_share`` of its own budget (its best tokens); the rest of the layer's
+    total goes to the best-scored remaining tokens of any head (one top-k over the layer). The layer's
+    total is unchanged.
+    """
+    b, h, n = scores.shape
+    real = ctx.prompt_lengths
+    w = torch.minimum(real, torch.full_like(real, window))
+    idx = torch.arange(n, device=scores.device)
+    prefix = (idx[None, :] >= (n - real)[:, None]) & (idx[None, :] < (n - w)[:, None])
+    masked = scores.float().masked_fill(~prefix[:, None, :], float("-inf"))
+    own = (torch.minimum(ctx.budgets.to(scores.device), real[:, None]) - w[:, None]).clamp(min=0)   # [b, h]
+    floor = torch.floor(own.float() * floor_share).long()
+    rank = masked.argsort(-1, descending=True).argsort(-1)                 # 0 = best of the head
+    rest = masked.masked_fill(rank < floor[:, :, None], float("-inf")).reshape(b, h * n)
+    pool = own.sum(1) - floor.sum(1)                                        # [b]
+    out = floor.clone()
+    for row in range(b):
+        k = min(int(pool[row]), int(torch.isfinite(rest[row]).sum()))
+        if k > 0:
+            winners = rest[row].topk(k).indices // n
+            out[row] += torch.bincount(winners, minlength=h)
+    return out + w[:, None]
+
+
 @dataclass
 class SnapKV(Policy):
-    """HeadKV / SnapKV selection (window 8, max-pool 7) with any budget map."""
+    """HeadKV / SnapKV selection (window 8, max-pool 7) with any budget map.
+
+    With ``adaptive=True`` each layer's budget is re-split over its heads online (AdaKV-style,
+    :func:`adaptive_budgets`), keeping ``floor_share`` of every head's budget as a safeguard.
+    """
 
     name: ClassVar[str] = "snapkv"
     window: int = 8
     kernel_size: int = 7
     pooling: str = "max"
+    adaptive: bool = False
+    floor_share: float = 0.2
 
     def select(self, ctx: LayerContext) -> Selection:
-        return window_and_topk(window_scores(ctx, self.window, self.kernel_size, self.pooling), ctx, self.window)
+        scores = window_scores(ctx, self.window, self.kernel_size, self.pooling)
+        if self.adaptive:
+            ctx = replace(ctx, budgets=adaptive_budgets(scores, ctx, self.window, self.floor_share))
+        return window_and_topk(scores, ctx, self.window)
