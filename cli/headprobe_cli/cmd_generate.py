@@ -71,7 +71,7 @@ def _prompt(args: argparse.Namespace) -> str:
 
 
 def _mib(n: int) -> str:
-    return f"{n / 2**20:.2f} MiB"
+    return f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
 
 def run(args: argparse.Namespace) -> int:
