@@ -41,12 +41,20 @@ class RowRequest:
         Receives each layer's rows.
     key_mask
         ``[batch, keys_total]`` boolean, ``False`` for padding keys (right padding in batched trials).
+    query_index
+        ``[batch, n_rows]`` indices of the rows inside the current forward, when they are not
+        ``positions - block_start`` (a forward that continues after padding).
+    key_positions
+        ``[batch, keys_total]`` absolute positions of all cache entries after this forward, when they are
+        not ``0 .. keys_total-1``; the callback then receives ``[batch, keys]`` key positions.
     """
 
     positions: torch.Tensor
     block_start: int
     callback: RowCallback
     key_mask: torch.Tensor | None = None
+    query_index: torch.Tensor | None = None
+    key_positions: torch.Tensor | None = None
 
 
 def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -102,12 +110,18 @@ class RowRecorder:
         batch, q_heads, q_len, head_dim = query.shape
         k_len = key.shape[2]
         block_end = request.block_start + q_len
-        local = request.positions.to(query.device) - request.block_start
+        if request.query_index is not None:
+            local = request.query_index.to(query.device)
+        else:
+            local = request.positions.to(query.device) - request.block_start
         if local.min() < 0 or local.max() >= q_len:
             raise ValueError("requested attention rows lie outside the current forward")
         index = local[:, None, :, None].expand(batch, q_heads, local.shape[1], head_dim)
         q_sel = torch.gather(query, 2, index)
-        key_positions = torch.arange(block_end - k_len, block_end, device=key.device)
+        if request.key_positions is not None:
+            key_positions = request.key_positions[:, block_end - k_len:block_end].to(key.device)
+        else:
+            key_positions = torch.arange(block_end - k_len, block_end, device=key.device)
         key_mask = None
         if request.key_mask is not None:
             key_mask = request.key_mask[:, block_end - k_len:block_end].to(key.device)

@@ -233,16 +233,6 @@ def restated_answer(needle: Needle) -> str:
 
 # ---- fast mode ----------------------------------------------------------------------------------
 
-@dataclass
-class _Row:
-    """One row of a fast batch: a trial's prompt followed by forced answer tokens."""
-
-    trial: int
-    variant: str          # "gold" or "distractor"
-    prompt_len: int
-    forced: list[int]
-
-
 @torch.no_grad()
 def _fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,
                        specs: list[TrialSpec], config: NeedleProbeConfig,
@@ -281,96 +271,147 @@ def _fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], l
 
 def _fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[TrialContext], prefix: int,
                 needles: dict[str, Needle], config: NeedleProbeConfig) -> list[dict[str, Any]]:
+    """One batch of teacher-forced trials sharing ``prefix`` cached tokens.
+
+    The prompts run in one forward (right-padded); the first response step's rows and logits come from
+    it. Each response variant (the bare answer, the restated sentence, a reasoning needle's distractor)
+    then runs as a short continuation on the same cache, which is cut back after each variant, so a
+    variant costs its few tokens instead of another pass over the prompt.
+    """
     from transformers import DynamicCache
 
     model, tok = loaded.model, loaded.tokenizer
     device = loaded.device
-    rows: list[_Row] = []
-    for i, (spec, ctx) in enumerate(zip(specs, contexts)):
-        needle = needles[spec.needle_id]
-        rows.append(_Row(i, "gold", ctx.length, response_tokens(tok, ctx, needle.answer)))
-        if needle.kind == "retrieval":
-            restated = restated_answer(needle)
-            if restated != needle.answer:
-                rows.append(_Row(i, "restated", ctx.length, _answer_tokens(tok, restated)))
-        if needle.kind == "reasoning":
-            rows.append(_Row(i, "distractor", ctx.length, response_tokens(tok, ctx, needle.distractor)))
-    suffixes = [contexts[r.trial].input_ids[prefix:] + r.forced[:-1] for r in rows]
-    width = max(len(s) for s in suffixes)
-    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
-    batch = len(rows)
-    input_ids = torch.full((batch, width), pad, dtype=torch.long)
-    attention = torch.zeros(batch, prefix + width, dtype=torch.long)
-    attention[:, :prefix] = 1
-    for b, s in enumerate(suffixes):
-        input_ids[b, :len(s)] = torch.tensor(s)
-        attention[b, prefix:prefix + len(s)] = 1
-    steps = max(len(r.forced) for r in rows)
-    positions = torch.zeros(batch, steps, dtype=torch.long)
-    step_mask = torch.zeros(batch, steps, dtype=torch.bool)
-    step_tokens = torch.zeros(batch, steps, dtype=torch.long)
-    for b, r in enumerate(rows):
-        n = len(r.forced)
-        first = r.prompt_len - 1
-        positions[b] = torch.tensor([first + min(t, n - 1) for t in range(steps)])
-        step_mask[b, :n] = True
-        step_tokens[b, :n] = torch.tensor(r.forced)
-    span_start = torch.tensor([contexts[r.trial].answer_span[0] for r in rows])
-    span_end = torch.tensor([contexts[r.trial].answer_span[1] for r in rows])
-    total = prefix + width
-    prompt_tokens = torch.full((batch, total), -1, dtype=torch.long)
-    for b, r in enumerate(rows):
-        ids = contexts[r.trial].input_ids
-        prompt_tokens[b, :len(ids)] = torch.tensor(ids)
+    batch = len(specs)
     kind = needles[specs[0].needle_id].kind
     names = _score_names(kind)
     layers = _layer_count(model)
     heads = loaded.identity.num_query_heads
-    totals = {n: torch.zeros(batch, layers, heads, dtype=torch.float64) for n in names}
 
-    def score(layer: int, layer_rows: torch.Tensor, key_positions: torch.Tensor) -> None:
-        if "retrieval" in names:
-            totals["retrieval"][:, layer] = copy_scores(layer_rows, key_positions, span_start, span_end,
-                                                        step_tokens, step_mask, prompt_tokens).cpu()
-        name = "enhanced_retrieval" if kind == "retrieval" else "retrieval_reasoning"
-        totals[name][:, layer] = reasoning_scores(layer_rows, key_positions, span_start, span_end,
-                                                  step_mask).cpu()
+    variants: list[dict[str, list[int]]] = []
+    for spec, ctx in zip(specs, contexts):
+        needle = needles[spec.needle_id]
+        forms = {"gold": response_tokens(tok, ctx, needle.answer)}
+        if needle.kind == "retrieval":
+            restated = restated_answer(needle)
+            if restated != needle.answer:
+                forms["restated"] = response_tokens(tok, ctx, restated)
+        else:
+            forms["distractor"] = response_tokens(tok, ctx, needle.distractor)
+        variants.append(forms)
+    variant_names = list(dict.fromkeys(name for forms in variants for name in forms))
+
+    prompt_len = torch.tensor([c.length for c in contexts])
+    suffixes = [c.input_ids[prefix:] for c in contexts]
+    width = max(len(x) for x in suffixes)
+    total = prefix + width
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    input_ids = torch.full((batch, width), pad, dtype=torch.long)
+    attention = torch.zeros(batch, total, dtype=torch.long)
+    attention[:, :prefix] = 1
+    prompt_tokens = torch.full((batch, total), -1, dtype=torch.long)
+    for b, (x, ctx) in enumerate(zip(suffixes, contexts)):
+        input_ids[b, :len(x)] = torch.tensor(x)
+        attention[b, prefix:prefix + len(x)] = 1
+        prompt_tokens[b, :ctx.length] = torch.tensor(ctx.input_ids)
+    span_start = torch.tensor([c.answer_span[0] for c in contexts])
+    span_end = torch.tensor([c.answer_span[1] for c in contexts])
 
     cache = DynamicCache()
     for layer_idx, layer in enumerate(base_cache.layers):
         if prefix > 0:
             cache.update(layer.keys[:, :, :prefix].expand(batch, -1, -1, -1).contiguous(),
                          layer.values[:, :, :prefix].expand(batch, -1, -1, -1).contiguous(), layer_idx)
-    keep_local = sorted({int(p) - prefix for p in positions.flatten().tolist()})
+
+    # ---- the prompts: rows and logits of the first response step (position P - 1) -------------------
+    first = (prompt_len - 1)[:, None]                                   # [b, 1]
+    step0: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+
+    def keep(layer: int, layer_rows: torch.Tensor, key_positions: torch.Tensor) -> None:
+        step0[layer] = (layer_rows.cpu(), key_positions.cpu())
+
+    keep_local = sorted({int(p) - prefix for p in first.flatten().tolist()})
     with RowRecorder(model) as rec:
-        rec.request = RowRequest(positions.to(device), prefix, score, key_mask=attention.bool().to(device))
-        out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                    past_key_values=cache if prefix > 0 else None, use_cache=prefix > 0,
-                    position_ids=torch.arange(prefix, total, device=device)[None].expand(batch, -1),
+        rec.request = RowRequest(first.to(device), prefix, keep, key_mask=attention.bool().to(device))
+        out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
+                    use_cache=True, position_ids=torch.arange(prefix, total, device=device)[None].expand(batch, -1),
                     logits_to_keep=torch.tensor(keep_local, device=device))
-    index_of = {p: i for i, p in enumerate(keep_local)}
-    logprobs = torch.log_softmax(out.logits.float(), dim=-1)
-    greedy: list[list[int]] = []
-    likelihood: list[float] = []
-    for b, r in enumerate(rows):
-        cols = [index_of[int(positions[b, t]) - prefix] for t in range(len(r.forced))]
-        lp = logprobs[b, cols]
-        greedy.append(lp.argmax(-1).tolist())
-        likelihood.append(float(lp[torch.arange(len(r.forced)), torch.tensor(r.forced, device=lp.device)].sum()))
+        index_of = {p: i for i, p in enumerate(keep_local)}
+        logp0 = torch.log_softmax(out.logits.float(), dim=-1)
+        logp0 = torch.stack([logp0[b, index_of[int(first[b, 0]) - prefix]] for b in range(batch)]).cpu()
+        del out
+
+        step0_r2 = torch.zeros(batch, layers, heads, dtype=torch.float64)
+        all_rows = torch.ones(batch, 1, dtype=torch.bool)
+        for layer, (layer_rows, kp) in step0.items():
+            step0_r2[:, layer] = reasoning_scores(layer_rows, kp, span_start, span_end, all_rows)
+
+        results: dict[str, dict[str, Any]] = {}
+        for name in variant_names:
+            forced = [forms.get(name, []) for forms in variants]
+            has = torch.tensor([len(f) > 0 for f in forced])
+            totals = {n: torch.zeros(batch, layers, heads, dtype=torch.float64) for n in names}
+            r2_name = "enhanced_retrieval" if kind == "retrieval" else "retrieval_reasoning"
+            totals[r2_name] += step0_r2 * has[:, None, None]
+            if "retrieval" in names:
+                tokens0 = torch.tensor([[f[0] if f else -2] for f in forced])
+                for layer, (layer_rows, kp) in step0.items():
+                    totals["retrieval"][:, layer] += copy_scores(layer_rows, kp, span_start, span_end, tokens0,
+                                                                 has[:, None], prompt_tokens)
+            greedy = [[int(logp0[b].argmax())] if forced[b] else [] for b in range(batch)]
+            likelihood = [float(logp0[b, forced[b][0]]) if forced[b] else 0.0 for b in range(batch)]
+            steps = max(len(f) for f in forced) - 1
+            if steps > 0:
+                cont_ids = torch.full((batch, steps), pad, dtype=torch.long)
+                cont_mask = torch.zeros(batch, steps, dtype=torch.long)
+                step_tokens = torch.full((batch, steps), -2, dtype=torch.long)
+                for b, f in enumerate(forced):
+                    n = len(f) - 1
+                    if n > 0:
+                        cont_ids[b, :n] = torch.tensor(f[:-1])
+                        cont_mask[b, :n] = 1
+                        step_tokens[b, :n] = torch.tensor(f[1:])
+                step_mask = cont_mask.bool()
+                positions = prompt_len[:, None] + torch.arange(steps)[None]          # absolute
+                key_positions = torch.cat([torch.arange(total)[None].expand(batch, -1), positions], dim=1)
+                full_mask = torch.cat([attention, cont_mask], dim=1)
+
+                def score(layer: int, layer_rows: torch.Tensor, kp: torch.Tensor) -> None:
+                    kp = kp.cpu()
+                    layer_rows = layer_rows.cpu()
+                    if "retrieval" in names:
+                        totals["retrieval"][:, layer] += copy_scores(layer_rows, kp, span_start, span_end,
+                                                                     step_tokens, step_mask, prompt_tokens)
+                    totals[r2_name][:, layer] += reasoning_scores(layer_rows, kp, span_start, span_end, step_mask)
+
+                rec.request = RowRequest(positions.to(device), total, score, key_mask=full_mask.bool().to(device),
+                                         query_index=torch.arange(steps)[None].expand(batch, -1).to(device),
+                                         key_positions=key_positions.to(device))
+                out = model(input_ids=cont_ids.to(device), attention_mask=full_mask.to(device),
+                            past_key_values=cache, use_cache=True, position_ids=positions.to(device),
+                            logits_to_keep=steps)
+                logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()
+                del out
+                _crop_to(cache, total)
+                for b, f in enumerate(forced):
+                    for t in range(len(f) - 1):
+                        greedy[b].append(int(logp[b, t].argmax()))
+                        likelihood[b] += float(logp[b, t, f[t + 1]])
+            results[name] = {"forced": forced, "greedy": greedy, "likelihood": likelihood, "totals": totals}
+
     records = []
     for i, (spec, ctx) in enumerate(zip(specs, contexts)):
         needle = needles[spec.needle_id]
-        gold_b = next(b for b, r in enumerate(rows) if r.trial == i and r.variant == "gold")
-        exact = greedy[gold_b] == rows[gold_b].forced
-        restated_b = next((b for b, r in enumerate(rows) if r.trial == i and r.variant == "restated"), None)
-        if not exact and restated_b is not None and greedy[restated_b] == rows[restated_b].forced:
-            gold_b, exact = restated_b, True
-        response = tok.decode(greedy[gold_b], skip_special_tokens=True)
+        chosen = "gold"
+        exact = results["gold"]["greedy"][i] == results["gold"]["forced"][i]
+        if not exact and "restated" in variants[i] and \
+                results["restated"]["greedy"][i] == results["restated"]["forced"][i]:
+            chosen, exact = "restated", True
+        response = tok.decode(results[chosen]["greedy"][i], skip_special_tokens=True)
         margin = None
         if needle.kind == "reasoning":
-            dis_b = next(b for b, r in enumerate(rows) if r.trial == i and r.variant == "distractor")
-            margin = likelihood[gold_b] - likelihood[dis_b]
+            margin = results["gold"]["likelihood"][i] - results["distractor"]["likelihood"][i]
         gates, passed = _gates(needle.kind, needle, response, margin, exact)
-        scores = {n: totals[n][gold_b] for n in names}
+        scores = {n: results[chosen]["totals"][n][i] for n in names}
         records.append(_record(spec, needle, ctx, response, scores, gates, passed, 0.0, "fast"))
     return records

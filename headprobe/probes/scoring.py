@@ -28,7 +28,7 @@ def copy_scores(
     rows
         ``[batch, heads, steps, keys]`` attention probabilities.
     key_positions
-        ``[keys]`` absolute positions of the keys.
+        ``[keys]`` or ``[batch, keys]`` absolute positions of the keys.
     span_start, span_end
         ``[batch]`` answer span ``[start, end)`` in prompt token positions.
     step_tokens
@@ -44,7 +44,7 @@ def copy_scores(
         ``[batch, heads]`` float64 scores.
     """
     top = rows.argmax(dim=-1)                                   # [b, h, s]
-    pos = key_positions.to(top.device)[top]                     # absolute positions
+    pos = _positions(key_positions.to(top.device), top)         # absolute positions
     start = span_start.to(pos.device)[:, None, None]
     end = span_end.to(pos.device)[:, None, None]
     inside = (pos >= start) & (pos < end)
@@ -73,7 +73,7 @@ def reasoning_scores(
     rows
         ``[batch, heads, steps, keys]`` attention probabilities.
     key_positions
-        ``[keys]`` absolute positions of the keys.
+        ``[keys]`` or ``[batch, keys]`` absolute positions of the keys.
     span_start, span_end
         ``[batch]`` answer span ``[start, end)`` in prompt token positions.
     step_mask
@@ -87,10 +87,19 @@ def reasoning_scores(
     span_len = (span_end - span_start).to(rows.device)
     k_max = int(min(span_len.max().item(), rows.shape[-1]))
     values, top = rows.topk(k_max, dim=-1)                      # [b, h, s, k]
-    pos = key_positions.to(top.device)[top]
+    pos = _positions(key_positions.to(top.device), top)
     start = span_start.to(pos.device)[:, None, None, None]
     end = span_end.to(pos.device)[:, None, None, None]
     rank_ok = torch.arange(k_max, device=pos.device)[None, None, None, :] < span_len[:, None, None, None]
     inside = (pos >= start) & (pos < end) & rank_ok & step_mask.to(pos.device)[:, None, :, None]
     total = (values.to(torch.float64) * inside).sum(dim=(-1, -2))
     return total / span_len.to(torch.float64)[:, None]
+
+
+def _positions(key_positions: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """Absolute positions of key indices ``index`` ``[batch, heads, steps(, k)]``."""
+    if key_positions.dim() == 1:
+        return key_positions[index]
+    batch = index.shape[0]
+    flat = index.reshape(batch, -1)
+    return torch.gather(key_positions.expand(batch, -1), 1, flat).reshape(index.shape)
