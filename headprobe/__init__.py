@@ -42,3 +42,20 @@ from .runtime.policies import DynamicKV, Full, KeepKV, KeyDiff, MorphKV, SnapKV,
 __all__ += ["CompressedCache", "DynamicKV", "Full", "GenerationResult", "KeepKV", "KeyDiff", "MapBudget",
             "MorphKV", "POLICIES", "Policy", "RatioBudget", "SnapKV", "Streaming", "UniformBudget",
             "generate_compressed", "headprobe_attention", "make_policy", "set_kernel_backend"]
+
+# evaluation (needle / bAbI-style grids, outside QA datasets, head ablation)
+from .eval import (BABI_TASKS, EvalItem, EvalRequest, EvalResult, EvalSetting, HeadAblation,  # noqa: E402
+                   ablation_bars, accuracy_vs_memory, cell_log_path, expand_settings, format_ablation,
+                   generate_questions, items_from_babi, items_from_needles, load_qa_dataset, needle_grid,
+                   random_heads, run_ablation, run_dataset_eval, run_eval, top_heads)
+from .eval import PRESETS as EVAL_PRESETS  # noqa: E402
+from .eval import format_summary as format_eval_summary  # noqa: E402
+from .haystack.needles import shipped_needle_file  # noqa: E402
+from .jsonio import atomic_write_json, check_writable_dir  # noqa: E402
+from .plots.figures import save_figure  # noqa: E402
+
+__all__ += ["BABI_TASKS", "EVAL_PRESETS", "EvalItem", "EvalRequest", "EvalResult", "EvalSetting", "HeadAblation",
+            "ablation_bars", "accuracy_vs_memory", "atomic_write_json", "cell_log_path", "check_writable_dir", "expand_settings",
+            "format_ablation", "format_eval_summary", "generate_questions", "items_from_babi",
+            "items_from_needles", "load_qa_dataset", "needle_grid", "random_heads", "run_ablation",
+            "run_dataset_eval", "run_eval", "save_figure", "shipped_needle_file", "top_heads"]

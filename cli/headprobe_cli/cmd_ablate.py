@@ -1,0 +1,68 @@
+"""``headprobe ablate``: mask a profile's top-k heads versus k random heads and measure needle accuracy."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import headprobe
+from headprobe import HeadprobeError
+
+from .progress import tqdm_progress
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser(
+        "ablate", help="mask top-k heads vs k random heads; needle accuracy of each", formatter_class=formatter,
+        description="Wu et al.'s check that retrieval heads are real: make the attention of the profile's "
+                    "top-k query heads uniform and compare needle accuracy with k random heads masked.",
+        epilog="examples:\n"
+               "  headprobe ablate --k 5 10 20 --lengths 1000\n"
+               "  headprobe ablate --profile profiles/smollm2-135m.retrieval.json --out ablation.json")
+    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    p.add_argument("--profile", default=None, help="profile file (default: newest --kind profile of the model)")
+    p.add_argument("--kind", default="retrieval", help="profile kind to look up when --profile is not given")
+    p.add_argument("--k", nargs="+", type=int, default=[5, 10, 20], help="numbers of heads to mask")
+    p.add_argument("--needles", default=None, help="needle file (default: the shipped retrieval needles)")
+    p.add_argument("--needle-ids", nargs="+", default=None)
+    p.add_argument("--haystack", default=None)
+    p.add_argument("--lengths", nargs="+", type=int, default=[1000])
+    p.add_argument("--depths", nargs="+", type=float, default=[25, 75], help="percent")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random heads")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--out", default="eval/ablation.json")
+    p.add_argument("--plot", default=None, help="PNG bars (default: beside --out); 'none' to skip")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    if out.exists() and not args.force:
+        raise HeadprobeError(f"{out} exists; pass --force to overwrite it")
+    headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    if any(k < 1 for k in args.k):
+        raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
+    path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
+    items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
+    haystack = headprobe.load_haystack(args.haystack)
+    depths = [d / 100.0 if max(args.depths) > 1 else d for d in args.depths]
+    profile = headprobe.Profile.load(args.profile) if args.profile else None
+    lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
+    if profile is None:
+        profile = headprobe.newest_profile(lm.identity, args.kind).profile
+    progress = tqdm_progress(len(items) * len(args.lengths) * len(depths) * (1 + 2 * len(args.k)), "ablate")
+    result = headprobe.run_ablation(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
+                                    args.seed, args.max_new_tokens, not args.no_chat_template, progress)
+    result["needles"] = path
+    headprobe.atomic_write_json(out, result)
+    print(headprobe.format_ablation(result))
+    print(f"wrote {out}")
+    if (args.plot or "").lower() != "none":
+        png = headprobe.save_figure(headprobe.ablation_bars(result), Path(args.plot) if args.plot
+                                    else out.with_suffix(".png"), force=True)
+        print(f"wrote {png}")
+    return 0

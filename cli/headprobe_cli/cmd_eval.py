@@ -1,0 +1,121 @@
+"""``headprobe eval``: needle / reasoning-in-a-haystack grids and outside QA datasets under KV-cache settings."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import headprobe
+from headprobe import HeadprobeError
+
+from .progress import tqdm_progress
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser(
+        "eval", help="accuracy vs cache memory on needle, bAbI-style or outside QA tasks", formatter_class=formatter,
+        description="Run a grid of context lengths x needle depths under each KV-cache setting "
+                    "(allocation, policy, capacity per head) and report accuracy per cell, mean accuracy, real "
+                    "cache bytes and time per token. Writes a result JSON (resumable cell by cell) and a PNG grid.\n\n"
+                    "Settings are presets (" + ", ".join(headprobe.EVAL_PRESETS) + ") or "
+                    "POLICY[:ALLOCATION[:PROFILE,...]], PROFILE being a profile kind or file.",
+        epilog="examples:\n"
+               "  headprobe eval --settings full snapkv headkv-r2 combined --capacities 32 128 "
+               "--lengths 1000 2000 --depths 0 50 100\n"
+               "  headprobe eval --task babi --babi-count 8 --settings full snapkv --capacities 64\n"
+               "  headprobe eval --task dataset --dataset qa.jsonl --fields context=context,question=input,"
+               "answers=answers --settings full snapkv --capacities 128\n"
+               "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid")
+    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    p.add_argument("--settings", nargs="+", default=["full", "snapkv", "headkv-r2"], metavar="SETTING")
+    p.add_argument("--capacities", nargs="+", type=int, default=[128], help="mean tokens per KV head")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
+    p.add_argument("--task", choices=["needle", "babi", "dataset"], default="needle")
+    p.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
+    p.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
+    p.add_argument("--haystack", default=None, help="haystack text file or folder of .txt (default: shipped corpus)")
+    p.add_argument("--lengths", nargs="+", type=int, default=[1000, 2000], help="prompt lengths in tokens")
+    p.add_argument("--depths", nargs="+", type=float, default=[0, 50, 100], help="needle depths in percent")
+    p.add_argument("--babi-count", type=int, default=8, help="bAbI-style questions (--task babi)")
+    p.add_argument("--babi-tasks", nargs="+", default=list(headprobe.BABI_TASKS), help="question types")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
+    p.add_argument("--split", default="test")
+    p.add_argument("--fields", default="context=context,question=input,answers=answers",
+                   help="field names of the dataset")
+    p.add_argument("--limit", type=int, default=None, help="first N dataset rows")
+    p.add_argument("--max-length", type=int, default=4000, help="--task dataset: cut prompts to this many tokens")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--out", default="eval/eval.json", help="result JSON (cell log beside it)")
+    p.add_argument("--plot", default=None, help="PNG grid (default: beside --out); 'none' to skip")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its cell log")
+    p.add_argument("--force", action="store_true", help="start over, replacing the cell log and the outputs")
+    p.add_argument("--device", default=None)
+    p.add_argument("--dtype", default="auto")
+    p.set_defaults(func=run)
+
+
+def _options(items: list[str]) -> dict:
+    from .cmd_generate import _parse_options
+
+    return _parse_options(items)
+
+
+def _fields(text: str) -> dict[str, str]:
+    out = {"context": "context", "question": "input", "answers": "answers"}
+    for part in text.split(","):
+        if "=" not in part or part.split("=", 1)[0] not in out:
+            raise HeadprobeError(f"--fields {text}: expected context=NAME,question=NAME,answers=NAME")
+        k, v = part.split("=", 1)
+        out[k] = v
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    settings = headprobe.expand_settings(args.settings, args.capacities, _options(args.option),
+                                         tuple(headprobe.POLICIES))
+    for s in settings:   # bad policy options fail before the model loads
+        headprobe.make_policy(s.policy, **s.options)
+    out = Path(args.out)
+    headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    log = headprobe.cell_log_path(out)
+    if log.exists() and not (args.resume or args.force):
+        raise HeadprobeError(f"{log}: a cell log already exists; pass --resume to continue it or --force to start over")
+    depths = [d / 100.0 if max(args.depths) > 1 else d for d in args.depths]
+    items, examples = None, None
+    if args.task == "dataset":
+        if not args.dataset:
+            raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
+        f = _fields(args.fields)
+        examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
+                                             args.limit)
+    elif args.task == "babi":
+        items = headprobe.items_from_babi(headprobe.generate_questions(args.babi_count, args.babi_tasks, args.seed))
+        task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
+    else:
+        path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
+        items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
+        task = {"kind": "needle", "needles": path, "needle_ids": [i.id for i in items]}
+    haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
+    lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
+    if examples is not None:
+        progress = tqdm_progress(len(examples) * len(settings), "eval")
+        result = headprobe.run_dataset_eval(lm, examples, settings, out, args.max_length, args.max_new_tokens,
+                                            str(args.dataset), not args.no_chat_template, args.resume, args.force,
+                                            progress)
+    else:
+        task["haystack"] = haystack.name
+        task["haystack_fingerprint"] = haystack.fingerprint
+        request = headprobe.EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
+                                        args.max_new_tokens, not args.no_chat_template)
+        progress = tqdm_progress(len(items) * len(settings) * len(args.lengths) * len(depths), "eval")
+        result = headprobe.run_eval(lm, request, out, resume=args.resume, force=args.force, progress=progress)
+    print(headprobe.format_eval_summary(result))
+    print(f"wrote {out}")
+    if (args.plot or "").lower() != "none":
+        png = Path(args.plot) if args.plot else out.with_suffix(".png")
+        fig = headprobe.needle_grid(result) if args.task != "dataset" else headprobe.accuracy_vs_memory(result)
+        headprobe.save_figure(fig, png, force=True)
+        print(f"wrote {png}")
+    return 0

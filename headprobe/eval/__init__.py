@@ -1,0 +1,26 @@
+"""Evaluation: needle and reasoning-in-a-haystack grids, outside QA datasets, head ablation.
+
+- :func:`run_eval` runs settings (allocation × policy × capacity) over a length × depth grid and writes a
+  ``headprobe.eval`` result with accuracy, real cache bytes and time per token, resumable cell by cell.
+- :mod:`.babi` generates bAbI-style multi-fact questions to hide in the haystack.
+- :func:`run_dataset_eval` answers a LongBench-style dataset (context / question / answers) with token-F1.
+- :class:`HeadAblation` / :func:`run_ablation` mask query heads (uniform attention) and measure the damage.
+"""
+
+from .ablation import HeadAblation, format_ablation, random_heads, run_ablation, top_heads
+from .babi import TASKS as BABI_TASKS
+from .babi import BabiQuestion, generate_questions
+from .datasets import QAExample, load_qa_dataset, run_dataset_eval
+from .grid import EvalRequest, cell_log_path, run_eval
+from .items import EvalItem, items_from_babi, items_from_needles
+from .plots import ablation_bars, accuracy_vs_memory, needle_grid
+from .result import EVAL_FORMAT, EVAL_VERSION, EvalResult, format_summary
+from .scoring import SCORERS, exact_answer, score_answer
+from .settings import PRESETS, EvalSetting, expand_settings, parse_setting
+
+__all__ = ["BABI_TASKS", "BabiQuestion", "EVAL_FORMAT", "EVAL_VERSION", "EvalItem", "EvalRequest", "EvalResult",
+           "EvalSetting", "HeadAblation", "PRESETS", "QAExample", "SCORERS", "ablation_bars", "accuracy_vs_memory",
+           "cell_log_path", "exact_answer", "expand_settings", "format_ablation", "format_summary",
+           "generate_questions", "items_from_babi", "items_from_needles", "load_qa_dataset", "needle_grid",
+           "parse_setting", "random_heads", "run_ablation", "run_dataset_eval", "run_eval", "score_answer",
+           "top_heads"]

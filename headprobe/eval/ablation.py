@@ -1,0 +1,238 @@
+"""Head ablation (Wu et al.'s check that retrieval heads are real): mask chosen query heads.
+
+A masked head attends uniformly to every key it may see (causal, sliding window, padding), so it still
+outputs something of the right scale but can no longer pick out the needle. :class:`HeadAblation`
+registers an attention implementation (``"headprobe_ablate"``) with transformers'
+``AttentionInterface`` and switches the model to it inside the ``with`` block only; nothing is patched
+at import time. Unmasked heads go through the stock SDPA kernel unchanged.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from ..errors import HeadprobeError
+
+IMPLEMENTATION = "headprobe_ablate"
+
+_ACTIVE: contextvars.ContextVar["HeadAblation | None"] = contextvars.ContextVar("headprobe_ablation", default=None)
+
+
+def _allowed(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
+             sliding_window: int | None) -> torch.Tensor:
+    """``[batch or 1, 1, n, k]`` boolean: which keys each query row may attend to."""
+    n, k = query.shape[2], key.shape[2]
+    if attention_mask is not None:
+        mask = attention_mask[:, :, :, :k]
+        return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+    q_pos = torch.arange(k - n, k, device=query.device)[:, None]
+    k_pos = torch.arange(k, device=query.device)[None, :]
+    allowed = k_pos <= q_pos
+    if sliding_window:
+        allowed &= k_pos > q_pos - sliding_window
+    return allowed[None, None]
+
+
+def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
+    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+
+
+def _ablate_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """Stock SDPA for every head, then uniform attention for the masked heads of this layer.
+
+    ``query [b, H, n, d]``, ``key``/``value [b, Hkv, k, d]``; returns ``([b, n, H, d], weights or None)``.
+    """
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    state = _ACTIVE.get()
+    heads = state.by_layer.get(int(module.layer_idx), []) if state is not None else []
+    groups = query.shape[1] // key.shape[1]
+    sliding = kwargs.get("sliding_window")
+    weights = None
+    if state is not None and state.return_weights:
+        allowed = _allowed(query, key, attention_mask, sliding)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        logits = torch.matmul(query, _repeat_kv(key, groups).transpose(-1, -2)) * scale
+        softcap = kwargs.get("softcap")
+        if softcap:
+            logits = torch.tanh(logits / softcap) * softcap
+        logits = logits.masked_fill(~allowed, float("-inf"))
+        weights = torch.softmax(logits.float(), dim=-1).to(query.dtype)
+        if heads:
+            uniform = allowed.to(query.dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)
+            weights[:, heads] = uniform.expand(weights.shape[0], len(heads), -1, -1)
+        out = torch.matmul(weights, _repeat_kv(value, groups)).transpose(1, 2).contiguous()
+        return out, weights
+    out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                    **kwargs)
+    if heads:
+        allowed = _allowed(query, key, attention_mask, sliding)
+        uniform = allowed.to(value.dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)   # [b|1, 1, n, k]
+        kv = torch.tensor([h // groups for h in heads], device=value.device)
+        vals = value.index_select(1, kv)                                                # [b, m, k, d]
+        masked = torch.matmul(uniform, vals)                                            # [b, m, n, d]
+        out = out.clone()
+        out[:, :, heads] = masked.transpose(1, 2).to(out.dtype)
+    return out, None
+
+
+def _register() -> None:
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
+
+    if IMPLEMENTATION not in AttentionInterface._global_mapping:
+        AttentionInterface.register(IMPLEMENTATION, _ablate_attention)
+    if IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
+        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+
+
+class HeadAblation:
+    """Context manager that masks query heads ``(layer, head)`` of ``model``.
+
+    Parameters
+    ----------
+    model
+        A transformers model (or a :class:`~headprobe.LoadedModel`).
+    heads
+        ``(layer, query_head)`` pairs to make uniform.
+    return_weights
+        Compute attention eagerly and return the weights (``output_attentions=True`` then shows them);
+        for checks, slower.
+
+    Raises
+    ------
+    HeadprobeError
+        A head outside the model.
+    """
+
+    def __init__(self, model: Any, heads: Iterable[tuple[int, int]], return_weights: bool = False) -> None:
+        self.model = getattr(model, "model", model) if hasattr(model, "identity") else model
+        cfg = self.model.config
+        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        layers, qheads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+        self.heads = sorted({(int(l), int(h)) for l, h in heads})
+        for l, h in self.heads:
+            if not (0 <= l < layers and 0 <= h < qheads):
+                raise HeadprobeError(f"head {l}-{h}: outside the model ({layers} layers × {qheads} query heads)")
+        self.by_layer: dict[int, list[int]] = {}
+        for l, h in self.heads:
+            self.by_layer.setdefault(l, []).append(h)
+        self.return_weights = return_weights
+        self._previous: str | None = None
+        self._token = None
+
+    def __enter__(self) -> "HeadAblation":
+        _register()
+        self._previous = self.model.config._attn_implementation
+        self.model.set_attn_implementation(IMPLEMENTATION)
+        self._token = _ACTIVE.set(self)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _ACTIVE.reset(self._token)
+        if self._previous:
+            self.model.set_attn_implementation(self._previous)
+
+
+def top_heads(scores: np.ndarray, k: int) -> list[tuple[int, int]]:
+    """The ``k`` highest-scoring ``(layer, head)`` of ``scores [L, H]`` (ties: lower index first)."""
+    flat = np.asarray(scores, dtype=np.float64).ravel()
+    order = np.lexsort((np.arange(flat.size), -flat))[:k]
+    return [divmod(int(i), scores.shape[1]) for i in order]
+
+
+def random_heads(shape: tuple[int, int], k: int, seed: int = 0,
+                 exclude: Iterable[tuple[int, int]] = ()) -> list[tuple[int, int]]:
+    """``k`` random ``(layer, head)`` drawn without replacement, none of ``exclude``."""
+    pool = [(l, h) for l in range(shape[0]) for h in range(shape[1]) if (l, h) not in set(exclude)]
+    if k > len(pool):
+        raise HeadprobeError(f"--k {k}: more heads than the model has to draw from ({len(pool)})")
+    return sorted(random.Random(seed).sample(pool, k))
+
+
+@dataclass
+class AblationTrial:
+    item: str
+    length: int
+    depth: float
+    response: str
+    score: float
+
+
+def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int, int]],
+                    max_new_tokens: int = 24, progress: Callable[[int], None] | None = None) -> tuple[float, list]:
+    """Mean score of greedy answers with ``heads`` masked (stock cache); ``contexts`` pairs with ``items``."""
+    from .scoring import score_answer
+
+    model = lm.model
+    tok = lm.tokenizer
+    out = []
+    with HeadAblation(model, heads), torch.no_grad():
+        for item, ctx in zip(items, contexts):
+            ids = torch.tensor([ctx.input_ids], device=next(model.parameters()).device)
+            gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                 max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
+            text = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
+            out.append({"item": item.id, "length": ctx.target_length, "depth": ctx.depth, "response": text,
+                        "score": score_answer(text, item.gold, item.scorer, item.choices)})
+            if progress:
+                progress(1)
+    return float(np.mean([t["score"] for t in out])), out
+
+
+def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
+                 haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True,
+                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Needle accuracy with no head masked, the profile's top-k query heads masked, and k random heads.
+
+    Returns
+    -------
+    dict
+        ``format: "headprobe.ablation"``, ``version: 1``; ``baseline_accuracy``; ``rows`` with ``k``,
+        ``top_heads``, ``top_accuracy``, ``random_heads``, ``random_accuracy`` and the trials.
+    """
+    from .. import __version__
+    from ..haystack.context import build_context
+    from .grid import model_context
+
+    if profile.query_heads is None:
+        raise HeadprobeError(f"{profile.kind} profile has no head scores to rank heads by")
+    profile.model.check_fits(lm.identity, what=f"{profile.kind} profile")
+    scores = np.asarray(profile.query_heads, dtype=np.float64)
+    max_ctx = model_context(lm)
+    pairs = [(it, build_context(lm.tokenizer, haystack, it.needle, L, d, chat_template, max_ctx,
+                                question=it.question)) for L in lengths for d in depths for it in items]
+    its, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
+    base, base_trials = needle_accuracy(lm, its, ctxs, [], max_new_tokens, progress)
+    rows = []
+    for k in ks:
+        if k < 1 or k > scores.size:
+            raise HeadprobeError(f"--k {k}: expected 1 to {scores.size} heads")
+        top = top_heads(scores, k)
+        rnd = random_heads(scores.shape, k, seed + k, exclude=top)
+        top_acc, top_trials = needle_accuracy(lm, its, ctxs, top, max_new_tokens, progress)
+        rnd_acc, rnd_trials = needle_accuracy(lm, its, ctxs, rnd, max_new_tokens, progress)
+        rows.append({"k": k, "top_heads": [f"{l}-{h}" for l, h in top], "top_accuracy": top_acc,
+                     "random_heads": [f"{l}-{h}" for l, h in rnd], "random_accuracy": rnd_acc,
+                     "top_trials": top_trials, "random_trials": rnd_trials})
+    return {"format": "headprobe.ablation", "version": 1, "headprobe_version": __version__,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.identity.to_json(),
+            "profile_kind": profile.kind, "profile_fingerprint": profile.fingerprint,
+            "grid": {"lengths": list(lengths), "depths": list(depths), "items": [i.id for i in items]},
+            "seed": seed, "baseline_accuracy": base, "baseline_trials": base_trials, "rows": rows}
+
+
+def format_ablation(result: dict[str, Any]) -> str:
+    lines = [f"no heads masked: accuracy {result['baseline_accuracy']:.3f}",
+             f"{'k':>4} {'top-k masked':>13} {'random masked':>14}"]
+    for r in result["rows"]:
+        lines.append(f"{r['k']:>4} {r['top_accuracy']:>13.3f} {r['random_accuracy']:>14.3f}")
+    return "\n".join(lines)

@@ -1,0 +1,169 @@
+"""Outside datasets (LongBench-style): any local or hub dataset with context / question / answers fields,
+answered under each setting and scored by LongBench's QA token-F1."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from ..errors import HeadprobeError
+from ..probes.triallog import TrialLog
+from .result import EvalResult
+from .scoring import score_answer
+from .settings import EvalSetting
+
+
+@dataclass(frozen=True)
+class QAExample:
+    """One dataset row: ``context``, ``question``, gold ``answers`` (any one counts)."""
+
+    id: str
+    context: str
+    question: str
+    answers: tuple[str, ...]
+
+
+def load_qa_dataset(source: Any, split: str = "test", context_field: str = "context",
+                    question_field: str = "input", answers_field: str = "answers",
+                    limit: int | None = None) -> list[QAExample]:
+    """Read a dataset through ``datasets``.
+
+    Parameters
+    ----------
+    source
+        A ``datasets.Dataset``, a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file, a local dataset
+        folder, or a hub name.
+    split
+        The split of a folder or hub dataset (files have one split).
+    context_field, question_field, answers_field
+        Field names (LongBench: ``context``, ``input``, ``answers``); ``answers`` is a string or a list.
+    limit
+        Keep the first ``limit`` rows.
+
+    Raises
+    ------
+    HeadprobeError
+        The dataset cannot be read, lacks a field, or has a row with an empty answer list.
+    """
+    import datasets
+
+    name = "<dataset>" if isinstance(source, datasets.Dataset) else str(source)
+    if isinstance(source, datasets.Dataset):
+        ds = source
+    else:
+        path = Path(str(source))
+        try:
+            if path.is_file():
+                kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
+                if kind is None:
+                    raise HeadprobeError(f"--dataset {source}: expected a .json, .jsonl, .csv or .parquet file")
+                ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+            elif path.is_dir() and (path / "dataset_info.json").exists():
+                ds = datasets.load_from_disk(str(path))
+                if isinstance(ds, datasets.DatasetDict):
+                    ds = ds[split]
+            else:
+                ds = datasets.load_dataset(str(source), split=split)
+        except HeadprobeError:
+            raise
+        except Exception as exc:  # datasets raises many kinds; the user needs one line
+            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise HeadprobeError(f"--dataset {source}: cannot load ({msg})") from None
+    missing = [f for f in (context_field, question_field, answers_field) if f not in ds.column_names]
+    if missing:
+        raise HeadprobeError(f"--dataset {name}: no field {', '.join(repr(m) for m in missing)} "
+                             f"(fields: {', '.join(ds.column_names)}); name them with --fields")
+    rows = ds if limit is None else ds.select(range(min(limit, len(ds))))
+    out = []
+    for i, row in enumerate(rows):
+        ans = row[answers_field]
+        answers = (ans,) if isinstance(ans, str) else tuple(str(a) for a in (ans or []))
+        if not answers or not any(a.strip() for a in answers):
+            raise HeadprobeError(f"--dataset {name}: row {i}: field {answers_field!r} has no answer")
+        out.append(QAExample(str(row.get("_id", row.get("id", i))), str(row[context_field]),
+                             str(row[question_field]), answers))
+    if not out:
+        raise HeadprobeError(f"--dataset {name}: no rows")
+    return out
+
+
+def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template: bool = True) -> list[int]:
+    """Prompt token ids; a context too long for ``max_length`` is cut in the middle (LongBench's way)."""
+    head = "Read the text below and answer the question.\n\n"
+    tail = f"\n\nQuestion: {ex.question}\nAnswer in a short phrase, based on the text above."
+
+    def render(context: str) -> list[int]:
+        text = head + context + tail
+        if chat_template and getattr(tokenizer, "chat_template", None):
+            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
+                                                 add_generation_prompt=True)
+            return tokenizer(text, add_special_tokens=False)["input_ids"]
+        return tokenizer(text)["input_ids"]
+
+    ids = render(ex.context)
+    if len(ids) <= max_length:
+        return ids
+    ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"]
+    keep = len(ctx) - (len(ids) - max_length) - 2
+    if keep <= 0:
+        raise HeadprobeError(f"--max-length {max_length}: too short for the question of row {ex.id}")
+    cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
+    ids = render(cut)
+    return ids[:max_length] if len(ids) > max_length else ids
+
+
+def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
+                     max_length: int = 4000, max_new_tokens: int = 32, dataset_name: str = "<dataset>",
+                     chat_template: bool = True, resume: bool = False, force: bool = False,
+                     progress: Callable[[int], None] | None = None) -> EvalResult:
+    """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
+
+    Resumable per setting through the cell log beside ``out``.
+    """
+    from .. import __version__
+    from ..runtime import generate_compressed
+    from .grid import _cell_record, cell_log_path, resolve_budget
+
+    import torch
+
+    budgets = {s.label: resolve_budget(lm, s) for s in settings}
+    prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
+    task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
+            "max_length": max_length}
+    log = TrialLog(cell_log_path(out), {"model": lm.identity.fingerprint, "task": task,
+                                        "items": [e.id for e in examples], "settings": [s.to_json() for s in settings],
+                                        "max_new_tokens": max_new_tokens, "headprobe_version": __version__},
+                   resume=resume, force=force)
+    result = EvalResult(model=lm.identity.to_json(), task=task, grid={"lengths": [max_length], "depths": [None]},
+                        settings=[s.to_json() for s in settings], cells=[],
+                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), headprobe_version=__version__)
+    for s in settings:
+        cid = f"{s.label}|{max_length}|-"
+        if cid in log:
+            result.cells.append(log.done[cid])
+            continue
+        trials = []
+        for ex, ids in zip(examples, prompts):
+            start = time.perf_counter()
+            res = generate_compressed(lm, input_ids=torch.tensor([ids]), policy=s.policy, budget=budgets[s.label],
+                                      policy_options=s.options or None, max_new_tokens=max_new_tokens)
+            seconds = time.perf_counter() - start
+            text = res.texts[0]
+            trials.append({"item": ex.id, "prompt_len": len(ids), "response": text, "gold": list(ex.answers),
+                           "score": score_answer(text, list(ex.answers), "f1"),
+                           "cache_bytes": int(res.cache.memory_bytes()), "used_bytes": int(res.cache.used_bytes()),
+                           "full_cache_bytes": int(res.cache.full_cache_bytes()), "seconds": round(seconds, 4),
+                           "new_tokens": max(1, int(res.new_tokens.shape[1]))})
+            if progress:
+                progress(1)
+        record = _cell_record(s, max_length, None, trials)
+        record["trial"] = cid
+        log.append(record)
+        result.cells.append(record)
+        result.save(out)
+    result.complete = True
+    result.save(out)
+    return result

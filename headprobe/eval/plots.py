@@ -1,0 +1,105 @@
+"""Eval figures: the needle grid (length × depth, one panel per setting) and accuracy versus cache bytes."""
+
+from __future__ import annotations
+
+import math
+import os
+
+import matplotlib
+
+if not os.environ.get("MPLBACKEND"):
+    matplotlib.use("Agg")
+
+import matplotlib.pyplot as plt
+import numpy as np
+import seaborn as sns
+from matplotlib.colors import LinearSegmentedColormap
+from matplotlib.figure import Figure
+
+from .result import EvalResult
+
+#: Red (miss) to green (found), like the needle-in-a-haystack figures of the papers.
+NEEDLE_CMAP = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
+
+
+def _short(name: str) -> str:
+    return name.split("/")[-1]
+
+
+def needle_grid(result: EvalResult, columns: int = 4) -> Figure:
+    """One heatmap per setting: depth (rows, 0% at the top) × prompt length (columns), cell = accuracy."""
+    labels = [s["label"] for s in result.settings]
+    n = max(len(labels), 1)
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    lengths, depths = result.grid["lengths"], result.grid["depths"]
+    w = max(2.6, 0.55 * len(lengths) + 1.6)
+    h = max(2.2, 0.35 * len(depths) + 1.3)
+    fig, axes = plt.subplots(rows, cols, figsize=(w * cols + 1.2, h * rows + 0.6), squeeze=False)
+    summary = {s["setting"]: s for s in result.summary()}
+    for k, ax in enumerate(axes.ravel()):
+        if k >= n:
+            ax.axis("off")
+            continue
+        label = labels[k]
+        grid = result.accuracy_grid(label)
+        sns.heatmap(grid, ax=ax, vmin=0, vmax=1, cmap=NEEDLE_CMAP, annot=grid.size <= 60, fmt=".2f",
+                    cbar=k == n - 1, linewidths=0.5, linecolor="white",
+                    xticklabels=[str(x) for x in lengths],
+                    yticklabels=[f"{100 * float(d):.0f}%" if d is not None else "-" for d in depths],
+                    cbar_kws={"label": "accuracy"} if k == n - 1 else None)
+        acc = summary.get(label, {}).get("mean_accuracy")
+        ax.set_title(f"{label}" + (f"  (mean {acc:.2f})" if acc is not None else ""), fontsize=9)
+        ax.set_xlabel("context length (tokens)", fontsize=8)
+        ax.set_ylabel("needle depth", fontsize=8)
+        ax.tick_params(labelsize=7)
+    task = result.task.get("kind", "needle")
+    fig.suptitle(f"{_short(result.model.get('name', ''))}: {task}-in-a-haystack accuracy", fontsize=11)
+    fig.tight_layout()
+    return fig
+
+
+def accuracy_vs_memory(result: EvalResult) -> Figure:
+    """Mean accuracy against the real cache size (MiB), one line per method across capacities."""
+    summary = [s for s in result.summary() if s.get("cells")]
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    names = list(dict.fromkeys(s["name"] for s in summary))
+    palette = sns.color_palette("tab10", len(names))
+    for color, name in zip(palette, names):
+        pts = sorted((s["cache_bytes"] / 2**20, s["mean_accuracy"], s["capacity"]) for s in summary
+                     if s["name"] == name)
+        xs, ys, caps = zip(*pts)
+        if len(pts) == 1 and caps[0] is None:
+            ax.axhline(ys[0], color=color, ls="--", lw=1, label=f"{name} ({xs[0]:.0f} MiB)")
+            continue
+        ax.plot(xs, ys, marker="o", color=color, label=name)
+        for x, y, c in pts:
+            ax.annotate(str(c), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color)
+    ax.set_xscale("log")
+    ax.set_xlabel("KV cache allocated (MiB, log scale; labels = capacity per head)")
+    ax.set_ylabel("mean accuracy")
+    ax.set_ylim(-0.03, 1.03)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    ax.set_title(f"{_short(result.model.get('name', ''))}: accuracy vs cache memory", fontsize=10)
+    fig.tight_layout()
+    return fig
+
+
+def ablation_bars(ablation: dict) -> Figure:
+    """Needle accuracy with the top-k heads masked versus k random heads (one pair of bars per k)."""
+    rows = ablation["rows"]
+    ks = [r["k"] for r in rows]
+    x = np.arange(len(ks))
+    fig, ax = plt.subplots(figsize=(5.2, 3.6))
+    ax.bar(x - 0.2, [r["top_accuracy"] for r in rows], 0.4, label="top-k heads masked", color="#F0496E")
+    ax.bar(x + 0.2, [r["random_accuracy"] for r in rows], 0.4, label="k random heads masked", color="#4C72B0")
+    ax.axhline(ablation["baseline_accuracy"], color="k", ls="--", lw=1, label="no heads masked")
+    ax.set_xticks(x, [f"k={k}" for k in ks])
+    ax.set_ylim(0, 1.05)
+    ax.set_ylabel("needle accuracy")
+    ax.legend(fontsize=7)
+    ax.set_title(f"{_short(ablation['model'].get('name', ''))}: masking {ablation['profile_kind']} heads",
+                 fontsize=10)
+    fig.tight_layout()
+    return fig

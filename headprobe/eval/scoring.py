@@ -1,0 +1,60 @@
+"""Scoring a model's answer against the gold answer (hand-checkable, no model involved)."""
+
+from __future__ import annotations
+
+
+from ..errors import HeadprobeError
+from ..probes.gates import normalize_answer, qa_f1, rouge1_recall
+
+SCORERS = ("rouge", "exact", "f1")
+
+
+def first_line(response: str) -> str:
+    """The response up to its first line break (small models ramble on after the answer)."""
+    text = response.strip()
+    return text.split("\n", 1)[0] if text else ""
+
+
+def exact_answer(response: str, gold: str, choices: tuple[str, ...] = ()) -> float:
+    """1.0 when the gold answer is in the response's first line as whole words and no other choice is.
+
+    Parameters
+    ----------
+    response
+        The model's answer.
+    gold
+        The expected answer (one or a few words).
+    choices
+        Every answer the question allows (for example all locations, or ``yes``/``no``); naming another
+        one besides the gold answer is wrong. Without choices, the normalised response must start
+        with the gold answer.
+    """
+    words = f" {normalize_answer(first_line(response))} "
+    target = normalize_answer(gold)
+    if not target:
+        return 0.0
+    if not choices:
+        return float(words.strip().startswith(target) and
+                     (len(words.strip()) == len(target) or words.strip()[len(target)] == " "))
+    if f" {target} " not in words:
+        return 0.0
+    others = [normalize_answer(c) for c in choices if normalize_answer(c) != target]
+    return float(not any(f" {o} " in words for o in others if o))
+
+
+def score_answer(response: str, gold: str | list[str], scorer: str = "rouge",
+                 choices: tuple[str, ...] = ()) -> float:
+    """Score in [0, 1]: ``rouge`` (ROUGE-1 recall of the gold words, the needle papers' measure),
+    ``exact`` (:func:`exact_answer`) or ``f1`` (LongBench token-F1, max over gold answers)."""
+    golds = [gold] if isinstance(gold, str) else list(gold)
+    if not golds:
+        raise HeadprobeError("no gold answer to score against")
+    if scorer == "rouge":
+        return max(rouge1_recall(response, g) for g in golds)
+    if scorer == "exact":
+        return max(exact_answer(response, g, choices) for g in golds)
+    if scorer == "f1":
+        return max(qa_f1(response, g) for g in golds)
+    raise HeadprobeError(f"unknown scorer {scorer!r}; expected one of {', '.join(SCORERS)}")
+
+
