@@ -1,0 +1,151 @@
+"""The eval grid runner on tiny random models: plumbing, result file, resume, bad input."""
+
+import json
+
+import pytest
+import torch
+
+import headprobe
+from headprobe import HeadprobeError
+from headprobe.eval import (EvalRequest, EvalResult, cell_log_path, expand_settings, items_from_babi,
+                            items_from_needles, generate_questions, needle_grid, run_eval)
+from headprobe.eval.settings import parse_setting
+
+torch.set_num_threads(1)
+
+LENGTHS, DEPTHS = [300, 420], [0.0, 0.5]
+
+
+def _request(settings=("full", "snapkv", "streaming"), capacities=(16,), needles=2, **kw):
+    items = items_from_needles(headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:needles])
+    return EvalRequest(expand_settings(list(settings), list(capacities)), items, LENGTHS, DEPTHS,
+                       headprobe.load_haystack(), {"kind": "needle"}, max_new_tokens=3, chat_template=False, **kw)
+
+
+def test_grid_plumbing_and_result_file(tiny_llama, tmp_path):
+    out = tmp_path / "eval.json"
+    seen = []
+    result = run_eval(tiny_llama, _request(), out, progress=seen.append)
+    assert sum(seen) == 3 * 4 * 2
+    assert result.complete and len(result.cells) == 3 * 4
+    loaded = EvalResult.load(out)
+    raw = json.loads(out.read_text())
+    assert raw["format"] == "headprobe.eval" and raw["version"] == 1 and raw["complete"] is True
+    assert [s["label"] for s in raw["settings"]] == ["full", "snapkv@16", "streaming@16"]
+    assert {(c["length"], c["depth"]) for c in loaded.cells} == {(L, d) for L in LENGTHS for d in DEPTHS}
+    summary = {s["setting"]: s for s in loaded.summary()}
+    for cell in loaded.cells:
+        assert 0.0 <= cell["accuracy"] <= 1.0 and cell["n"] == 2 and cell["ms_per_token"] > 0
+        for t in cell["trials"]:
+            assert t["prompt_len"] <= cell["length"] and t["new_tokens"] >= 1
+            assert t["answer_span"][1] > t["answer_span"][0]
+    # real cache bytes: a 16-token budget per head holds far less than the full cache
+    assert summary["snapkv@16"]["used_bytes"] < 0.25 * summary["full"]["used_bytes"]
+    assert summary["full"]["used_bytes"] <= summary["full"]["cache_bytes"]
+    assert summary["full"]["full_cache_bytes"] == pytest.approx(summary["snapkv@16"]["full_cache_bytes"], rel=0.02)
+    # one log line per cell after the header
+    lines = cell_log_path(out).read_text().strip().split("\n")
+    assert len(lines) == 1 + 12
+    fig = needle_grid(loaded)
+    assert len([a for a in fig.axes if a.get_title()]) == 3
+    headprobe.save_figure(fig, tmp_path / "grid.png")
+    assert (tmp_path / "grid.png").stat().st_size > 1000
+
+
+def test_gemma3_hybrid_layers_run_through_the_grid(tiny_gemma3, tmp_path):
+    req = _request(settings=("full", "snapkv"), needles=1)
+    result = run_eval(tiny_gemma3, req, tmp_path / "g.json")
+    assert result.complete and len(result.cells) == 2 * 4
+
+
+def test_interrupted_grid_resumes_from_the_last_finished_cell(tiny_llama, tmp_path, monkeypatch):
+    out = tmp_path / "eval.json"
+    calls = []
+    import headprobe.eval.grid as grid
+
+    real = grid.run_trial
+
+    def counting(*args, **kwargs):
+        calls.append(args[3].label)
+        if len(calls) == 7:      # mid-cell: cells 1-3 are done, cell 4 has one trial
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grid, "run_trial", counting)
+    with pytest.raises(KeyboardInterrupt):
+        run_eval(tiny_llama, _request(), out)
+    partial = EvalResult.load(out)
+    assert len(partial.cells) == 3 and not partial.complete
+    with pytest.raises(HeadprobeError, match="--resume"):
+        run_eval(tiny_llama, _request(), out)
+    calls.clear()
+    monkeypatch.setattr(grid, "run_trial", real)
+    monkeypatch.setattr(grid, "run_trial", lambda *a, **k: (calls.append(a[3].label), real(*a, **k))[1])
+    result = run_eval(tiny_llama, _request(), out, resume=True)
+    assert len(calls) == (12 - 3) * 2            # finished cells are never redone
+    assert result.complete and len(result.cells) == 12
+    ids = [c["trial"] for c in result.cells]
+    assert len(set(ids)) == 12
+    # a resume with other settings is refused, naming what differs
+    with pytest.raises(HeadprobeError, match="settings"):
+        run_eval(tiny_llama, _request(capacities=(32,)), out, resume=True)
+
+
+def test_a_torn_last_line_is_dropped_on_resume(tiny_llama, tmp_path):
+    out = tmp_path / "eval.json"
+    run_eval(tiny_llama, _request(settings=("full",), needles=1), out)
+    log = cell_log_path(out)
+    lines = log.read_text().split("\n")
+    log.write_text("\n".join(lines[:3]) + "\n" + lines[3][:40])      # 2 cells + a torn third
+    result = run_eval(tiny_llama, _request(settings=("full",), needles=1), out, resume=True)
+    assert len(result.cells) == 4 and result.complete
+
+
+def test_bad_settings_fail_before_any_trial(tiny_llama, tmp_path):
+    with pytest.raises(HeadprobeError, match="unknown policy 'snapkvv'"):
+        expand_settings(["snapkvv"], [32], policies=tuple(headprobe.POLICIES))
+    with pytest.raises(HeadprobeError, match="unknown allocation"):
+        parse_setting("snapkv:headkvv")
+    with pytest.raises(HeadprobeError, match="given twice"):
+        expand_settings(["snapkv", "snapkv"], [32])
+    # a shipped SmolLM2 profile does not fit the tiny model: refused with the difference named
+    req = _request(settings=("headkv-r2",))
+    req.profile_dirs = [headprobe.paths.shipped_profiles_dir()] if hasattr(headprobe, "paths") else None
+    with pytest.raises(HeadprobeError, match="headkv-r2@16|no retrieval_reasoning profile"):
+        run_eval(tiny_llama, req, tmp_path / "x.json")
+    with pytest.raises(HeadprobeError, match="beyond the model's context"):
+        bad = _request()
+        bad.lengths = [10_000]
+        run_eval(tiny_llama, bad, tmp_path / "y.json")
+    assert not cell_log_path(tmp_path / "x.json").exists() and not cell_log_path(tmp_path / "y.json").exists()
+
+
+def test_allocated_settings_use_their_profile(tiny_llama, tmp_path):
+    """A head profile of the tiny model, found by kind: headkv budgets reach the cache and differ by head."""
+    from headprobe.profile import Profile
+
+    shipped = Profile.load(headprobe.paths.shipped_profiles_dir() / "smollm2-135m.retrieval_reasoning.json")
+    L, H = tiny_llama.identity.num_layers, tiny_llama.identity.num_query_heads
+    scores = torch.rand(L, H, generator=torch.Generator().manual_seed(0)).tolist()
+    obj = shipped.to_json()
+    obj["model"] = tiny_llama.identity.to_json()
+    g = tiny_llama.identity.group_size
+    obj["scores"] = {"query_heads": scores, "group_reduction": obj["scores"]["group_reduction"],
+                     "kv_heads": [[max(r[i * g:(i + 1) * g]) for i in range(len(r) // g)] for r in scores]}
+    obj.pop("fingerprint", None)
+    (tmp_path / "profiles").mkdir()
+    path = tmp_path / "profiles" / "tiny.retrieval_reasoning.json"
+    headprobe.atomic_write_json(path, obj)
+    req = _request(settings=(f"snapkv:headkv:{path}",), needles=1)
+    result = run_eval(tiny_llama, req, tmp_path / "h.json")
+    assert result.complete and result.settings[0]["allocation"] == "headkv"
+    # the budget map really differs by head and reaches the cache
+    from headprobe.eval.grid import resolve_budget
+    from headprobe.eval.settings import EvalSetting
+
+    bm = resolve_budget(tiny_llama, EvalSetting("h", "snapkv", "headkv", (str(path),), 16))
+    assert len({b for row in bm.budgets for b in row}) > 1
+    # found by kind in a profile folder, too
+    bm2 = resolve_budget(tiny_llama, EvalSetting("h", "snapkv", "headkv", ("retrieval_reasoning",), 16),
+                         [tmp_path / "profiles"])
+    assert bm2.budgets == bm.budgets
