@@ -41,12 +41,17 @@ class NeedleProbeConfig:
     max_new_tokens
         Reference mode, retrieval needles: decoding steps (stops earlier at end of sequence).
         Reasoning needles decode ``len(answer)`` tokens, as published.
+    gate
+        Reasoning needles: ``"published"`` (QA-F1 of the decoded answer; the decoded steps are scored) or
+        ``"likelihood"`` (correct candidate more likely than the distractor; the steps that produce the
+        correct candidate after the prompt are scored, in both modes).
     """
 
     mode: str = "fast"
     chat_template: bool = True
     batch_size: int = 4
     max_new_tokens: int = 24
+    gate: str = "published"
 
 
 def _score_names(kind: str) -> tuple[str, ...]:
@@ -189,16 +194,23 @@ def _reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialSpec
     response = tok.decode(generated, skip_special_tokens=True)
     margin = None
     if needle.kind == "reasoning":
-        margin = _candidate_margin(model, cache, ids, needle, tok, device, ctx)
+        gold_rows: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        margin = _candidate_margin(model, cache, ids, needle, tok, device, ctx, gold_rows)
+        if config.gate == "likelihood":
+            mask = torch.ones(1, len(gold), dtype=torch.bool)
+            for layer, (rows, kp) in gold_rows.items():
+                totals["retrieval_reasoning"][layer] = reasoning_scores(rows, kp, span_start, span_end, mask)[0]
     gates, passed = _gates(needle.kind, needle, response, margin, None)
     return _record(spec, needle, ctx, response, totals, gates, passed, time.perf_counter() - start, "reference")
 
 
 @torch.no_grad()
-def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, device, ctx: TrialContext) -> float:
+def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, device, ctx: TrialContext,
+                      gold_rows: dict | None = None) -> float:
     """``log p(correct | prompt) − log p(distractor | prompt)`` (sum over each candidate's tokens).
 
     Reuses the prompt's cache: it is cut back to the prompt minus its last token for each candidate.
+    ``gold_rows`` (if given) receives each layer's attention rows of the steps producing the correct one.
     """
     prompt_len = ids.shape[1]
     scores = []
@@ -206,8 +218,12 @@ def _candidate_margin(model, cache, ids: torch.Tensor, needle: Needle, tok, devi
         c = response_tokens(tok, ctx, cand)
         _crop_to(cache, prompt_len - 1)
         inputs = torch.tensor([[int(ids[0, -1])] + c[:-1]], device=device)
-        out = model(input_ids=inputs, past_key_values=cache, use_cache=True,
-                    position_ids=torch.arange(prompt_len - 1, prompt_len - 1 + len(c), device=device)[None])
+        positions = torch.arange(prompt_len - 1, prompt_len - 1 + len(c), device=device)[None]
+        with RowRecorder(model) as rec:
+            if gold_rows is not None and cand == needle.candidates[1]:
+                rec.request = RowRequest(positions, prompt_len - 1,
+                                         lambda layer, rows, kp: gold_rows.__setitem__(layer, (rows.cpu(), kp.cpu())))
+            out = model(input_ids=inputs, past_key_values=cache, use_cache=True, position_ids=positions)
         logp = torch.log_softmax(out.logits[0].float(), dim=-1)
         scores.append(float(logp[torch.arange(len(c)), torch.tensor(c, device=device)].sum()))
     return scores[0] - scores[1]

@@ -183,7 +183,8 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
             result.trials_skipped += len(grid) - len(todo)
             bar = progress(len(todo), f"{stem} {'+'.join(probes_here)} ({request.mode})") if progress else None
             config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
-                                       batch_size=request.batch_size, max_new_tokens=request.max_new_tokens)
+                                       batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
+                                       gate=settings["gate"])
             counter = {"n": 0}
 
             def on_trial(record: dict[str, Any]) -> None:
