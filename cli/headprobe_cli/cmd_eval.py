@@ -72,6 +72,18 @@ def _fields(text: str) -> dict[str, str]:
     return out
 
 
+def _lazy_progress(total: int, description: str):
+    """A progress bar that appears with the first finished trial (not before a setting error)."""
+    bar = []
+
+    def advance(n: int) -> None:
+        if not bar:
+            bar.append(tqdm_progress(total, description))
+        bar[0](n)
+
+    return advance
+
+
 def run(args: argparse.Namespace) -> int:
     settings = headprobe.expand_settings(args.settings, args.capacities, _options(args.option),
                                          tuple(headprobe.POLICIES))
@@ -100,7 +112,7 @@ def run(args: argparse.Namespace) -> int:
     haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
     lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
     if examples is not None:
-        progress = tqdm_progress(len(examples) * len(settings), "eval")
+        progress = _lazy_progress(len(examples) * len(settings), "eval")
         result = headprobe.run_dataset_eval(lm, examples, settings, out, args.max_length, args.max_new_tokens,
                                             str(args.dataset), not args.no_chat_template, args.resume, args.force,
                                             progress)
@@ -109,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         task["haystack_fingerprint"] = haystack.fingerprint
         request = headprobe.EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
                                         args.max_new_tokens, not args.no_chat_template)
-        progress = tqdm_progress(len(items) * len(settings) * len(args.lengths) * len(depths), "eval")
+        progress = _lazy_progress(len(items) * len(settings) * len(args.lengths) * len(depths), "eval")
         result = headprobe.run_eval(lm, request, out, resume=args.resume, force=args.force, progress=progress)
     print(headprobe.format_eval_summary(result))
     print(f"wrote {out}")
