@@ -49,6 +49,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--out", default="eval/eval.json", help="result JSON (cell log beside it)")
     p.add_argument("--plot", default=None, help="PNG grid (default: beside --out); 'none' to skip")
+    p.add_argument("--memory-plot", default=None, help="also write accuracy vs cache bytes to this PNG")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run from its cell log")
     p.add_argument("--force", action="store_true", help="start over, replacing the cell log and the outputs")
     p.add_argument("--device", default=None)
@@ -129,5 +130,8 @@ def run(args: argparse.Namespace) -> int:
         png = Path(args.plot) if args.plot else out.with_suffix(".png")
         fig = headprobe.needle_grid(result) if args.task != "dataset" else headprobe.accuracy_vs_memory(result)
         headprobe.save_figure(fig, png, force=True)
+        print(f"wrote {png}")
+    if args.memory_plot:
+        png = headprobe.save_figure(headprobe.accuracy_vs_memory(result), Path(args.memory_plot), force=True)
         print(f"wrote {png}")
     return 0

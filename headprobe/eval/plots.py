@@ -15,6 +15,7 @@ import numpy as np
 import seaborn as sns
 from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter
 
 from .result import EvalResult
 
@@ -76,6 +77,10 @@ def accuracy_vs_memory(result: EvalResult) -> Figure:
         for x, y, c in pts:
             ax.annotate(str(c), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color)
     ax.set_xscale("log")
+    ticks = FuncFormatter(lambda x, _: f"{x:g}")
+    ax.xaxis.set_major_formatter(ticks)
+    ax.xaxis.set_minor_formatter(ticks)
+    ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("KV cache allocated (MiB, log scale; labels = capacity per head)")
     ax.set_ylabel("mean accuracy")
     ax.set_ylim(-0.03, 1.03)

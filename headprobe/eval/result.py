@@ -13,6 +13,8 @@ from ..jsonio import atomic_write_json, read_headprobe_file, require
 
 EVAL_FORMAT = "headprobe.eval"
 EVAL_VERSION = 1
+#: A trial "finds" the needle when its score is above this (the published success gate).
+PASS_THRESHOLD = 0.5
 
 
 @dataclass
@@ -60,6 +62,7 @@ class EvalResult:
             out.append({
                 "setting": s["label"], "name": s["name"], "capacity": s["capacity"], "cells": len(cells),
                 "mean_accuracy": float(np.mean([c["accuracy"] for c in cells])),
+                "pass_rate": float(np.mean([t["score"] > PASS_THRESHOLD for t in trials])),
                 "cache_bytes": float(np.mean([t["cache_bytes"] for t in trials])),
                 "used_bytes": float(np.mean([t["used_bytes"] for t in trials])),
                 "full_cache_bytes": float(np.mean([t["full_cache_bytes"] for t in trials])),
@@ -111,13 +114,14 @@ class EvalResult:
 
 
 def format_summary(result: EvalResult) -> str:
-    """A short text table: setting, accuracy, cache MiB, share of the full cache, ms/token."""
-    rows = [f"{'setting':<24} {'acc':>6} {'cache MiB':>10} {'of full':>8} {'ms/tok':>8} {'cells':>6}"]
+    """A short text table: setting, accuracy, share of trials found (score > 0.5), cache MiB, share of the full cache, ms/token."""
+    rows = [f"{'setting':<24} {'acc':>6} {'found':>6} {'cache MiB':>10} {'of full':>8} {'ms/tok':>8} {'cells':>6}"]
     for s in result.summary():
         if not s["cells"]:
             rows.append(f"{s['setting']:<24} {'-':>6}")
             continue
         share = s["cache_bytes"] / max(s["full_cache_bytes"], 1)
-        rows.append(f"{s['setting']:<24} {s['mean_accuracy']:>6.3f} {s['cache_bytes'] / 2**20:>10.2f} "
+        rows.append(f"{s['setting']:<24} {s['mean_accuracy']:>6.3f} {s['pass_rate']:>6.2f} "
+                    f"{s['cache_bytes'] / 2**20:>10.2f} "
                     f"{share:>8.1%} {s['ms_per_token']:>8.1f} {s['cells']:>6}")
     return "\n".join(rows)
