@@ -54,7 +54,7 @@ def needle_grid(result: EvalResult, columns: int = 4) -> Figure:
         ax.set_xlabel("context length (tokens)", fontsize=8)
         ax.set_ylabel("needle depth", fontsize=8)
         ax.tick_params(labelsize=7)
-    task = result.task.get("kind", "needle")
+    task = {"babi": "reasoning", "dataset": "dataset QA"}.get(result.task.get("kind"), "needle")
     fig.suptitle(f"{_short(result.model.get('name', ''))}: {task}-in-a-haystack accuracy", fontsize=11)
     fig.tight_layout()
     return fig
