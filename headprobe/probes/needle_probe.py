@@ -271,9 +271,16 @@ def _fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], l
         model(input_ids=torch.tensor([base.input_ids[:longest]], device=device), past_key_values=base_cache,
               use_cache=True, logits_to_keep=1)
     base_seconds = (time.perf_counter() - group_start) / len(specs)
-    order = sorted(range(len(specs)), key=lambda i: -shared[i])
-    for chunk_start in range(0, len(order), config.batch_size):
-        chunk = order[chunk_start:chunk_start + config.batch_size]
+    # Batch only trials of one depth: they share (almost) the same prefix and suffix lengths, so a batch
+    # neither recomputes a cached prefix nor pads short suffixes to a long one.
+    by_depth: dict[float, list[int]] = {}
+    for i, spec in enumerate(specs):
+        by_depth.setdefault(spec.depth, []).append(i)
+    chunks = []
+    for members in sorted(by_depth.values(), key=lambda m: -min(shared[i] for i in m)):
+        for start in range(0, len(members), config.batch_size):
+            chunks.append(members[start:start + config.batch_size])
+    for chunk in chunks:
         started = time.perf_counter()
         records = _fast_batch(loaded, base_cache, [specs[i] for i in chunk], [contexts[i] for i in chunk],
                               min(shared[i] for i in chunk), needles, config)
