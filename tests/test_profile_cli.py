@@ -72,7 +72,10 @@ def test_ctrl_c_keeps_the_log_and_resume_finishes(tiny_model_dir, tmp_path):
            "--probe", "retrieval", "--lengths", "300", "--depths", *depths, "--batch-size", "1",
            "--no-chat-template", "--out-dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])}
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    # A run started in the background inherits an ignored SIGINT; a user's terminal delivers it.
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=restore)
     log = out / "tiny.retrieval.trials.jsonl"
     deadline = time.time() + 240
     while time.time() < deadline and proc.poll() is None:
