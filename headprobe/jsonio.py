@@ -154,3 +154,26 @@ def _kind_name(kind: type | tuple) -> str:
     if isinstance(kind, tuple):
         return " or ".join(names.get(k, k.__name__) for k in kind)
     return names.get(kind, kind.__name__)
+
+
+def iter_jsonl_objects(path: str | os.PathLike, text: str | None = None):
+    """Yield ``(where, obj)`` for each non-blank line of a JSONL file, ``where`` being ``"file:line"``.
+
+    Raises
+    ------
+    FileFormatError
+        Naming the line, for a line that is not JSON or not a JSON object.
+    """
+    if text is None:
+        text = Path(path).read_text(encoding="utf-8")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise FileFormatError(where, None, f"not valid JSON ({exc.msg})") from exc
+        if not isinstance(obj, dict):
+            raise FileFormatError(where, None, "expected one JSON object a line")
+        yield where, obj

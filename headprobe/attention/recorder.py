@@ -15,6 +15,8 @@ from typing import Callable
 
 import torch
 
+from .registry import register_attention
+
 from .rows import attention_rows
 
 IMPLEMENTATION = "headprobe_rows"
@@ -68,13 +70,7 @@ def _rows_attention(module, query, key, value, attention_mask, scaling=None, dro
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
-
-    if IMPLEMENTATION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(IMPLEMENTATION, _rows_attention)
-    if IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    register_attention(IMPLEMENTATION, _rows_attention)
 
 
 class RowRecorder:

@@ -19,6 +19,8 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from ..attention.registry import register_attention
+
 from ..errors import HeadprobeError
 
 IMPLEMENTATION = "headprobe_ablate"
@@ -85,13 +87,7 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
 
 
 def _register() -> None:
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
-
-    if IMPLEMENTATION not in AttentionInterface._global_mapping:
-        AttentionInterface.register(IMPLEMENTATION, _ablate_attention)
-    if IMPLEMENTATION not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
-        AttentionMaskInterface.register(IMPLEMENTATION, sdpa_mask)
+    register_attention(IMPLEMENTATION, _ablate_attention)
 
 
 class HeadAblation:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import FileFormatError, HeadprobeError
-from ..jsonio import file_fingerprint
+from ..jsonio import file_fingerprint, iter_jsonl_objects
 from ..paths import haystacks_dir
 
 NEEDLE_KINDS = ("retrieval", "reasoning")
@@ -75,16 +74,7 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
         raise HeadprobeError(f"{path}: no such needle file") from exc
     needles: list[Needle] = []
     seen: set[str] = set()
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise FileFormatError(where, None, f"not valid JSON ({exc.msg})") from exc
-        if not isinstance(obj, dict):
-            raise FileFormatError(where, None, "expected one JSON object a line")
+    for where, obj in iter_jsonl_objects(path, "\n".join(lines)):
         for key in ("id", "kind", "needle", "question", "answer"):
             if not isinstance(obj.get(key), str) or not obj[key].strip():
                 raise FileFormatError(where, key, "missing or not a non-empty string")

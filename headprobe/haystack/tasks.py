@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FileFormatError, HeadprobeError
+from ..jsonio import iter_jsonl_objects
 from ..paths import haystacks_dir
 
 
@@ -58,14 +58,7 @@ def load_tasks(tasks: list[str] | None = None, folder: str | Path | None = None,
         if not path.exists():
             raise HeadprobeError(f"--tasks {name}: no task file {path} (available: {', '.join(available_tasks(folder))})")
         samples = []
-        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{number}"
-            try:
-                obj = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise FileFormatError(where, None, f"not valid JSON ({exc.msg})") from exc
+        for where, obj in iter_jsonl_objects(path):
             for key in ("id", "instruction"):
                 if not isinstance(obj.get(key), str) or not obj[key]:
                     raise FileFormatError(where, key, "missing or not a non-empty string")

@@ -48,10 +48,11 @@ def headprobe_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
 
 
 def register() -> None:
-    """Register the attention implementation with transformers (idempotent)."""
-    from transformers import AttentionInterface
+    """Register the attention implementation with transformers (idempotent); no mask builder: the
+    ragged cache applies causality and windows itself."""
+    from ..attention.registry import register_attention
 
-    AttentionInterface.register(ATTENTION_NAME, headprobe_attention_forward)
+    register_attention(ATTENTION_NAME, headprobe_attention_forward, sdpa_masks=False)
 
 
 def check_layer_types(config: Any) -> None:
