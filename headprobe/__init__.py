@@ -36,17 +36,21 @@ __all__ += ["summarize_file"]
 
 # runtime (compressed KV cache inside generate)
 from .runtime import (POLICIES, CompressedCache, GenerationResult, MapBudget, Policy, RatioBudget,  # noqa: E402
-                      UniformBudget, generate_compressed, headprobe_attention, make_policy, set_kernel_backend)
+                      RecordedPrefill, UniformBudget, generate_compressed, generate_from_prefill,
+                      headprobe_attention, make_policy, parse_policy_options, record_prefill,
+                      set_kernel_backend)
 from .runtime.policies import DynamicKV, Full, KeepKV, KeyDiff, MorphKV, SnapKV, Streaming  # noqa: E402
 
 __all__ += ["CompressedCache", "DynamicKV", "Full", "GenerationResult", "KeepKV", "KeyDiff", "MapBudget",
-            "MorphKV", "POLICIES", "Policy", "RatioBudget", "SnapKV", "Streaming", "UniformBudget",
-            "generate_compressed", "headprobe_attention", "make_policy", "set_kernel_backend"]
+            "MorphKV", "POLICIES", "Policy", "RatioBudget", "RecordedPrefill", "SnapKV", "Streaming",
+            "UniformBudget", "generate_compressed", "generate_from_prefill", "headprobe_attention", "make_policy",
+            "parse_policy_options", "record_prefill", "set_kernel_backend"]
 
 # evaluation (needle / bAbI-style grids, outside QA datasets, head ablation)
 from .eval import (BABI_TASKS, EvalItem, EvalRequest, EvalResult, EvalSetting, HeadAblation,  # noqa: E402
                    ablation_bars, accuracy_vs_memory, cell_log_path, expand_settings, format_ablation,
-                   generate_questions, items_from_babi, items_from_needles, load_qa_dataset, needle_grid,
+                   generate_questions, items_from_babi, items_from_longgen, items_from_needles, load_qa_dataset,
+                   needle_grid,
                    random_heads, run_ablation, run_dataset_eval, run_eval, top_heads)
 from .eval import PRESETS as EVAL_PRESETS  # noqa: E402
 from .eval import format_summary as format_eval_summary  # noqa: E402
@@ -58,4 +62,4 @@ __all__ += ["BABI_TASKS", "EVAL_PRESETS", "EvalItem", "EvalRequest", "EvalResult
             "ablation_bars", "accuracy_vs_memory", "atomic_write_json", "cell_log_path", "check_writable_dir", "expand_settings",
             "format_ablation", "format_eval_summary", "generate_questions", "items_from_babi",
             "items_from_needles", "load_qa_dataset", "needle_grid", "random_heads", "run_ablation",
-            "run_dataset_eval", "run_eval", "save_figure", "shipped_needle_file", "top_heads"]
+            "run_dataset_eval", "run_eval", "save_figure", "shipped_needle_file", "top_heads", "items_from_longgen"]

@@ -58,6 +58,36 @@ def test_gemma3_hybrid_layers_run_through_the_grid(tiny_gemma3, tmp_path):
     assert result.complete and len(result.cells) == 2 * 4
 
 
+def test_shared_prefill_gives_the_same_cells_as_separate_runs(tiny_llama, tmp_path):
+    settings = ("full", "snapkv", "streaming", "dynamickv", "keydiff")
+    shared = run_eval(tiny_llama, _request(settings=settings), tmp_path / "a.json")
+    alone = run_eval(tiny_llama, _request(settings=settings, share_prefill=False), tmp_path / "b.json")
+    assert [c["trial"] for c in shared.cells] == [c["trial"] for c in alone.cells]
+    for a, b in zip(shared.cells, alone.cells):
+        assert a["accuracy"] == b["accuracy"] and a["cache_bytes"] == b["cache_bytes"]
+        for ta, tb in zip(a["trials"], b["trials"]):
+            assert ta["response"] == tb["response"] and ta["used_bytes"] == tb["used_bytes"]
+            assert ta["shared_prefill"] == (a["setting"] != "keydiff@16") and not tb["shared_prefill"]
+
+
+def test_long_generation_is_scored_against_the_full_cache(tiny_llama, tmp_path):
+    from headprobe.eval import items_from_longgen
+
+    needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:1]
+    req = EvalRequest(expand_settings(["full", "morphkv", "keepkv"], [40]), items_from_longgen(needles), [300],
+                      [0.5], headprobe.load_haystack(), {"kind": "longgen"}, max_new_tokens=40, chat_template=False)
+    result = run_eval(tiny_llama, req, tmp_path / "long.json")
+    by = {c["setting"]: c for c in result.cells}
+    full = by["full"]["trials"][0]
+    assert full["reference"] == full["response"] and by["full"]["accuracy"] == 1.0
+    for label in ("morphkv@40", "keepkv@40"):
+        t = by[label]["trials"][0]
+        assert t["reference"] == full["response"] and 0.0 <= t["score"] <= 1.0 and "needle_recall" in t
+    # constant-size caches: 40 tokens per head, far below the full cache after ~300 + 40 tokens
+    assert by["morphkv@40"]["used_bytes"] < 0.2 * by["full"]["used_bytes"]
+    assert {s["setting"]: s for s in result.summary()}["keepkv@40"]["needle_recall"] >= 0.0
+
+
 def test_interrupted_grid_resumes_from_the_last_finished_cell(tiny_llama, tmp_path, monkeypatch):
     out = tmp_path / "eval.json"
     calls = []
@@ -149,3 +179,14 @@ def test_allocated_settings_use_their_profile(tiny_llama, tmp_path):
     bm2 = resolve_budget(tiny_llama, EvalSetting("h", "snapkv", "headkv", ("retrieval_reasoning",), 16),
                          [tmp_path / "profiles"])
     assert bm2.budgets == bm.budgets
+
+
+def test_settings_carry_their_own_policy_options():
+    settings = expand_settings(["keepkv[key_merge=zip,threshold=0.9]", "keepkv", "snapkv:headkv:retrieval[window=16]"],
+                               [64], options={"key_merge": "values_only"})
+    by = {s.label: s for s in settings}
+    assert by["keepkv[key_merge=zip,threshold=0.9]@64"].options == {"key_merge": "zip", "threshold": 0.9}
+    assert by["keepkv@64"].options == {"key_merge": "values_only"}
+    assert by["snapkv:headkv:retrieval[window=16]@64"].options == {"window": 16, "key_merge": "values_only"}
+    with pytest.raises(HeadprobeError, match=r"expected KEY=VALUE"):
+        expand_settings(["keepkv[zip]"], [64])

@@ -40,3 +40,14 @@ def test_f1_takes_the_best_gold_answer():
 def test_unknown_scorer_is_one_line_error():
     with pytest.raises(HeadprobeError, match="unknown scorer"):
         score_answer("a", "a", "bleu")
+
+
+def test_rouge_l_f1_by_hand():
+    from headprobe.eval import rouge_l_f1
+
+    assert rouge_l_f1("The cat sat on the mat.", "the cat sat on the mat") == 1.0
+    # words a b c d vs a c e: LCS "a c" = 2; precision 2/4, recall 2/3 -> F1 = 4/7
+    assert rouge_l_f1("alpha beta gamma delta", "alpha gamma epsilon") == pytest.approx(4 / 7)
+    assert rouge_l_f1("one two", "three four") == 0.0
+    assert rouge_l_f1("", "") == 1.0 and rouge_l_f1("", "x") == 0.0
+    assert score_answer("alpha beta gamma delta", "alpha gamma epsilon", "fidelity") == pytest.approx(4 / 7)

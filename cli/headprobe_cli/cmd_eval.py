@@ -30,7 +30,8 @@ def register(sub, formatter) -> None:
     p.add_argument("--settings", nargs="+", default=["full", "snapkv", "headkv-r2"], metavar="SETTING")
     p.add_argument("--capacities", nargs="+", type=int, default=[128], help="mean tokens per KV head")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
-    p.add_argument("--task", choices=["needle", "babi", "dataset"], default="needle")
+    p.add_argument("--task", choices=["needle", "babi", "dataset", "longgen"], default="needle",
+                   help="longgen: a long report on the haystack, scored by ROUGE-L against the full cache's report")
     p.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
     p.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
     p.add_argument("--haystack", default=None, help="haystack text file or folder of .txt (default: shipped corpus)")
@@ -47,6 +48,9 @@ def register(sub, formatter) -> None:
     p.add_argument("--max-length", type=int, default=4000, help="--task dataset: cut prompts to this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=32)
     p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--no-shared-prefill", action="store_true",
+                   help="run every setting's prompt forward separately (default: one forward per prompt serves "
+                        "every setting whose policy prefills with plain attention; same answers)")
     p.add_argument("--out", default="eval/eval.json", help="result JSON (cell log beside it)")
     p.add_argument("--plot", default=None, help="PNG grid (default: beside --out); 'none' to skip")
     p.add_argument("--memory-plot", default=None, help="also write accuracy vs cache bytes to this PNG")
@@ -108,8 +112,12 @@ def run(args: argparse.Namespace) -> int:
         task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
     else:
         path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
-        items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
-        task = {"kind": "needle", "needles": path, "needle_ids": [i.id for i in items]}
+        needles = headprobe.load_needles(path, args.needle_ids)
+        if args.task == "longgen":
+            items = headprobe.items_from_longgen(needles)
+        else:
+            items = headprobe.items_from_needles(needles)
+        task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
     haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
     lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
     if examples is not None:
@@ -121,7 +129,8 @@ def run(args: argparse.Namespace) -> int:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint
         request = headprobe.EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
-                                        args.max_new_tokens, not args.no_chat_template)
+                                        args.max_new_tokens, not args.no_chat_template,
+                                        share_prefill=not args.no_shared_prefill)
         progress = _lazy_progress(len(items) * len(settings) * len(args.lengths) * len(depths), "eval")
         result = headprobe.run_eval(lm, request, out, resume=args.resume, force=args.force, progress=progress)
     print(headprobe.format_eval_summary(result))

@@ -40,20 +40,7 @@ def register(sub, formatter) -> None:
 
 
 def _parse_options(items: list[str]) -> dict:
-    out = {}
-    for item in items:
-        if "=" not in item:
-            raise HeadprobeError(f"--option {item}: expected KEY=VALUE")
-        key, value = item.split("=", 1)
-        for cast in (int, float):
-            try:
-                out[key] = cast(value)
-                break
-            except ValueError:
-                continue
-        else:
-            out[key] = {"true": True, "false": False}.get(value.lower(), value)
-    return out
+    return headprobe.parse_policy_options(items)
 
 
 def _prompt(args: argparse.Namespace) -> str:

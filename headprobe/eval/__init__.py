@@ -12,15 +12,15 @@ from .babi import TASKS as BABI_TASKS
 from .babi import BabiQuestion, generate_questions
 from .datasets import QAExample, load_qa_dataset, run_dataset_eval
 from .grid import EvalRequest, cell_log_path, run_eval
-from .items import EvalItem, items_from_babi, items_from_needles
+from .items import LONGGEN_QUESTION, EvalItem, items_from_babi, items_from_longgen, items_from_needles
 from .plots import ablation_bars, accuracy_vs_memory, needle_grid
 from .result import EVAL_FORMAT, EVAL_VERSION, EvalResult, format_summary
-from .scoring import SCORERS, exact_answer, score_answer
+from .scoring import SCORERS, exact_answer, rouge_l_f1, score_answer
 from .settings import PRESETS, EvalSetting, expand_settings, parse_setting
 
 __all__ = ["BABI_TASKS", "BabiQuestion", "EVAL_FORMAT", "EVAL_VERSION", "EvalItem", "EvalRequest", "EvalResult",
            "EvalSetting", "HeadAblation", "PRESETS", "QAExample", "SCORERS", "ablation_bars", "accuracy_vs_memory",
            "cell_log_path", "exact_answer", "expand_settings", "format_ablation", "format_summary",
-           "generate_questions", "items_from_babi", "items_from_needles", "load_qa_dataset", "needle_grid",
-           "parse_setting", "random_heads", "run_ablation", "run_dataset_eval", "run_eval", "score_answer",
+           "generate_questions", "items_from_babi", "items_from_longgen", "items_from_needles", "load_qa_dataset", "needle_grid",
+           "parse_setting", "random_heads", "rouge_l_f1", "run_ablation", "run_dataset_eval", "run_eval", "score_answer",
            "top_heads"]

@@ -41,6 +41,10 @@ class EvalRequest:
         The text the needles are hidden in.
     task
         Description written into the result (kind, needle file, fingerprints).
+    share_prefill
+        Run each prompt's forward once for every setting whose policy prefills with plain attention
+        (:mod:`headprobe.runtime.shared_prefill`; same answers and bytes, far less time); KeyDiff's
+        block-wise prefill always runs on its own.
     """
 
     settings: list[EvalSetting]
@@ -52,6 +56,7 @@ class EvalRequest:
     max_new_tokens: int = 24
     chat_template: bool = True
     profile_dirs: list[Path] | None = None
+    share_prefill: bool = True
 
 
 def model_context(lm: Any) -> int | None:
@@ -85,27 +90,52 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
 
 
 def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetting, budget: Any,
-              max_new_tokens: int) -> dict[str, Any]:
-    """One generate call with the setting's cache; the answer, its score, bytes and time."""
-    from ..runtime import generate_compressed
+              max_new_tokens: int, prefill: Any = None, reference: str | None = None) -> dict[str, Any]:
+    """One generation with the setting's cache; the answer, its score, bytes and time.
 
-    ids = torch.tensor([context.input_ids])
+    With ``prefill`` (a :class:`~headprobe.runtime.RecordedPrefill` of this prompt) the prompt forward is
+    not run again; the time reported still includes it, as if this setting had run alone. ``reference``
+    is the full cache's answer, which ``fidelity`` items are scored against.
+    """
+    from ..runtime import generate_compressed, generate_from_prefill
+
     start = time.perf_counter()
-    res = generate_compressed(lm, input_ids=ids, policy=setting.policy, budget=budget,
-                              policy_options=setting.options or None, max_new_tokens=max_new_tokens)
-    seconds = time.perf_counter() - start
+    if prefill is None:
+        res = generate_compressed(lm, input_ids=torch.tensor([context.input_ids]), policy=setting.policy,
+                                  budget=budget, policy_options=setting.options or None,
+                                  max_new_tokens=max_new_tokens)
+        seconds = time.perf_counter() - start
+    else:
+        res = generate_from_prefill(lm, prefill, policy=setting.policy, budget=budget,
+                                    policy_options=setting.options or None, max_new_tokens=max_new_tokens)
+        seconds = time.perf_counter() - start + prefill.seconds
     text = res.texts[0]
     eos = lm.tokenizer.eos_token_id
     new = [t for t in res.new_tokens[0].tolist() if t != lm.tokenizer.pad_token_id]
     n_new = len(new) if eos is None or eos not in new else new.index(eos) + 1
+    extra: dict[str, Any] = {}
+    if item.scorer == "fidelity":
+        if reference is None:
+            raise HeadprobeError(f"item {item.id}: fidelity scoring needs the full cache's answer")
+        extra = {"reference": reference, "needle_recall": round(score_answer(text, item.gold, "rouge"), 4)}
+        score = score_answer(text, reference, "fidelity")
+    else:
+        score = score_answer(text, item.gold, item.scorer, item.choices)
     return {
         "item": item.id, "prompt_len": context.length, "answer_span": list(context.answer_span),
         "actual_depth": round(context.actual_depth, 4), "response": text, "gold": item.gold,
-        "score": score_answer(text, item.gold, item.scorer, item.choices),
+        "score": score, **extra,
         "cache_bytes": int(res.cache.memory_bytes()), "used_bytes": int(res.cache.used_bytes()),
         "full_cache_bytes": int(res.cache.full_cache_bytes()), "seconds": round(seconds, 4),
-        "new_tokens": max(n_new, 1),
+        "new_tokens": max(n_new, 1), "shared_prefill": prefill is not None,
     }
+
+
+def shares_prefill(setting: EvalSetting) -> bool:
+    """Whether the setting's policy prefills with plain attention (one recorded forward serves it)."""
+    from ..runtime import POLICIES
+
+    return bool(POLICIES[setting.policy].full_prefill)
 
 
 def cell_id(setting: EvalSetting, length: int, depth: float | None) -> str:
@@ -155,6 +185,7 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
         without ``resume``/``force``, or a log made with other settings.
     """
     from .. import __version__
+    from ..runtime import record_prefill
 
     if not request.items:
         raise HeadprobeError("no questions to ask (empty needle file or --limit 0)")
@@ -185,23 +216,43 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
                         settings=[s.to_json() for s in request.settings], cells=[],
                         created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
                         headprobe_version=__version__)
-    order = [(s, L, d) for L in request.lengths for d in request.depths for s in request.settings]
-    for s, L, d in order:
-        cid = cell_id(s, L, d)
-        if cid in log:
-            result.cells.append(log.done[cid])
-            if progress:
-                progress(len(request.items))
-            continue
-        trials = []
-        for item in request.items:
-            trials.append(run_trial(lm, context(item, L, d), item, s, budgets[s.label], request.max_new_tokens))
-            if progress:
-                progress(1)
-        record = _cell_record(s, L, d, trials)
-        log.append(record)
-        result.cells.append(record)
-        result.save(out)
+    for L in request.lengths:
+        for d in request.depths:
+            todo = []
+            for s in request.settings:
+                cid = cell_id(s, L, d)
+                if cid in log:
+                    result.cells.append(log.done[cid])
+                    if progress:
+                        progress(len(request.items))
+                else:
+                    todo.append(s)
+            if not todo:
+                continue
+            # Items outer, settings inner: one recorded prompt forward at a time serves every sharing setting.
+            # The cells of (L, d) are logged together once all their items are done.
+            share = request.share_prefill and sum(shares_prefill(s) for s in todo) > 1
+            trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in todo}
+            for item in request.items:
+                ctx = context(item, L, d)
+                prefill = record_prefill(lm, input_ids=torch.tensor([ctx.input_ids])) if share else None
+                reference = None
+                if item.scorer == "fidelity":      # the full cache's answer, which the others are scored against
+                    full = EvalSetting("reference", "full")
+                    reference = run_trial(lm, ctx, EvalItem(item.id, item.needle, item.question, item.gold, "rouge"),
+                                          full, None, request.max_new_tokens, prefill=prefill)["response"]
+                for s in todo:
+                    use = prefill if prefill is not None and shares_prefill(s) else None
+                    trials[s.label].append(run_trial(lm, ctx, item, s, budgets[s.label], request.max_new_tokens,
+                                                     prefill=use, reference=reference))
+                    if progress:
+                        progress(1)
+                del prefill
+            for s in todo:
+                record = _cell_record(s, L, d, trials[s.label])
+                log.append(record)
+                result.cells.append(record)
+            result.save(out)
     result.complete = True
     result.save(out)
     return result

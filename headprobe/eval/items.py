@@ -23,7 +23,8 @@ class EvalItem:
     gold
         The expected answer.
     scorer
-        ``rouge``, ``exact`` or ``f1`` (:func:`headprobe.eval.scoring.score_answer`).
+        ``rouge``, ``exact``, ``f1`` or ``fidelity`` (:func:`headprobe.eval.scoring.score_answer`;
+        ``fidelity`` scores against the full cache's answer to the same prompt, not against ``gold``).
     choices
         The answers the question allows, for ``exact`` scoring.
     """
@@ -56,3 +57,17 @@ def items_from_babi(questions: list[BabiQuestion]) -> list[EvalItem]:
         needle = Needle(id=q.id, kind="retrieval", needle=q.text, question=q.question, answer=anchor)
         out.append(EvalItem(q.id, needle, f"{q.question} Answer with one word.", q.answer, "exact", q.choices))
     return out
+
+
+#: The long-generation request: a long answer whose later tokens still depend on the whole context.
+LONGGEN_QUESTION = ("Write a long, detailed report on the text above, several paragraphs, going through it "
+                    "from beginning to end and mentioning every specific fact, name and number it contains.")
+
+
+def items_from_longgen(needles: list[Needle]) -> list[EvalItem]:
+    """Long-generation items: the needle is hidden as usual, the model is asked for a long report.
+
+    Scored by ``fidelity`` (ROUGE-L F1 against the full cache's report of the same prompt); each trial
+    also records whether the needle's answer appears in the report (``needle_recall``).
+    """
+    return [EvalItem(f"longgen-{n.id}", n, LONGGEN_QUESTION, n.answer, "fidelity") for n in needles]

@@ -54,8 +54,10 @@ def needle_grid(result: EvalResult, columns: int = 4) -> Figure:
         ax.set_xlabel("context length (tokens)", fontsize=8)
         ax.set_ylabel("needle depth", fontsize=8)
         ax.tick_params(labelsize=7)
-    task = {"babi": "reasoning", "dataset": "dataset QA"}.get(result.task.get("kind"), "needle")
-    fig.suptitle(f"{_short(result.model.get('name', ''))}: {task}-in-a-haystack accuracy", fontsize=11)
+    task = {"babi": "reasoning-in-a-haystack accuracy", "dataset": "dataset QA accuracy",
+            "longgen": "long generation, ROUGE-L F1 against the full cache"}.get(result.task.get("kind"),
+                                                                                  "needle-in-a-haystack accuracy")
+    fig.suptitle(f"{_short(result.model.get('name', ''))}: {task}", fontsize=11)
     fig.tight_layout()
     return fig
 

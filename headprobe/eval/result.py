@@ -68,6 +68,8 @@ class EvalResult:
                 "full_cache_bytes": float(np.mean([t["full_cache_bytes"] for t in trials])),
                 "ms_per_token": 1000.0 * sum(t["seconds"] for t in trials) / max(tokens, 1),
             })
+            if all("needle_recall" in t for t in trials):     # long generation: is the needle in the report
+                out[-1]["needle_recall"] = float(np.mean([t["needle_recall"] for t in trials]))
         return out
 
     def accuracy_grid(self, label: str) -> np.ndarray:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from ..errors import HeadprobeError
 from ..probes.gates import normalize_answer, qa_f1, rouge1_recall
 
-SCORERS = ("rouge", "exact", "f1")
+SCORERS = ("rouge", "exact", "f1", "fidelity")
 
 
 def first_line(response: str) -> str:
@@ -42,10 +42,33 @@ def exact_answer(response: str, gold: str, choices: tuple[str, ...] = ()) -> flo
     return float(not any(f" {o} " in words for o in others if o))
 
 
+def rouge_l_f1(response: str, reference: str) -> float:
+    """ROUGE-L F1: longest common subsequence of the normalised words of ``response`` and ``reference``.
+
+    The long-generation task scores a compressed cache's answer against the full cache's answer to the
+    same prompt (1.0: word for word the same text).
+    """
+    a, b = normalize_answer(response).split(), normalize_answer(reference).split()
+    if not a or not b:
+        return float(a == b)
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0]
+        for j, y in enumerate(b):
+            cur.append(prev[j] + 1 if x == y else max(prev[j + 1], cur[j]))
+        prev = cur
+    lcs = prev[-1]
+    if lcs == 0:
+        return 0.0
+    precision, recall = lcs / len(a), lcs / len(b)
+    return 2 * precision * recall / (precision + recall)
+
+
 def score_answer(response: str, gold: str | list[str], scorer: str = "rouge",
                  choices: tuple[str, ...] = ()) -> float:
     """Score in [0, 1]: ``rouge`` (ROUGE-1 recall of the gold words, the needle papers' measure),
-    ``exact`` (:func:`exact_answer`) or ``f1`` (LongBench token-F1, max over gold answers)."""
+    ``exact`` (:func:`exact_answer`), ``f1`` (LongBench token-F1, max over gold answers) or ``fidelity``
+    (:func:`rouge_l_f1` against a reference text: the full cache's answer)."""
     golds = [gold] if isinstance(gold, str) else list(gold)
     if not golds:
         raise HeadprobeError("no gold answer to score against")
@@ -55,6 +78,8 @@ def score_answer(response: str, gold: str | list[str], scorer: str = "rouge",
         return max(exact_answer(response, g, choices) for g in golds)
     if scorer == "f1":
         return max(qa_f1(response, g) for g in golds)
+    if scorer == "fidelity":
+        return max(rouge_l_f1(response, g) for g in golds)
     raise HeadprobeError(f"unknown scorer {scorer!r}; expected one of {', '.join(SCORERS)}")
 
 

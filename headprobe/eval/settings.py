@@ -2,8 +2,9 @@
 
 A setting is written ``NAME`` (a preset, see :data:`PRESETS`) or ``POLICY[:ALLOCATION[:PROFILE,...]]``
 where ``PROFILE`` is a profile kind (``retrieval``, ``retrieval_reasoning``, ``enhanced_retrieval``,
-``layer_retention``; the newest matching profile is used) or a profile file. Every setting except
-``full`` is run once per capacity (mean tokens per KV head).
+``layer_retention``; the newest matching profile is used) or a profile file, optionally followed by policy
+options in brackets: ``keepkv[key_merge=zip]``, ``snapkv:headkv[window=16,kernel_size=5]``. Every setting
+except ``full`` is run once per capacity (mean tokens per KV head).
 """
 
 from __future__ import annotations
@@ -70,6 +71,17 @@ class EvalSetting:
                 "profiles": list(self.profiles), "capacity": self.capacity, "options": dict(self.options)}
 
 
+def split_options(spec: str) -> tuple[str, dict[str, Any]]:
+    """``"keepkv[key_merge=zip]"`` → ``("keepkv", {"key_merge": "zip"})``."""
+    spec = spec.strip()
+    if not (spec.endswith("]") and "[" in spec):
+        return spec, {}
+    from ..runtime.generate import parse_policy_options
+
+    base, inner = spec[:-1].split("[", 1)
+    return base, parse_policy_options([x for x in inner.split(",") if x.strip()], f"--settings {spec}:")
+
+
 def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[str, str, str | None,
                                                                                tuple[str, ...], dict[str, Any]]:
     """Parse one setting spec into ``(name, policy, allocation, profiles, options)``.
@@ -79,10 +91,11 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[s
     HeadprobeError
         Unknown preset, policy, allocation method or profile kind (files must exist).
     """
-    spec = spec.strip()
+    name = spec.strip()
+    spec, bracket = split_options(name)
     if spec in PRESETS:
         policy, alloc, profs, opts = PRESETS[spec]
-        return spec, policy, alloc, profs, dict(opts)
+        return name, policy, alloc, profs, {**opts, **bracket}
     parts = spec.split(":")
     if len(parts) > 3 or not parts[0]:
         raise HeadprobeError(f"--settings {spec}: expected a preset ({', '.join(PRESETS)}) or "
@@ -102,12 +115,13 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[s
     if alloc in ("headkv", "combined", "dynamickv") and not profs:
         profs = {"headkv": ("retrieval_reasoning",), "dynamickv": ("layer_retention",),
                  "combined": ("retrieval_reasoning", "layer_retention")}[alloc]
-    return spec, policy, alloc, profs, {}
+    return name, policy, alloc, profs, bracket
 
 
 def expand_settings(specs: list[str], capacities: list[int], options: dict[str, Any] | None = None,
                     policies: tuple[str, ...] | None = None) -> list[EvalSetting]:
-    """Every spec at every capacity (``full`` once); ``options`` override the presets' policy options.
+    """Every spec at every capacity (``full`` once); ``options`` override the presets' policy options and
+    a spec's own bracketed options override both.
 
     Raises
     ------
@@ -121,7 +135,7 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
     out: list[EvalSetting] = []
     for spec in specs:
         name, policy, alloc, profs, opts = parse_setting(spec, policies)
-        opts.update(options or {})
+        opts = {**opts, **(options or {}), **split_options(spec)[1]}   # brackets win over --option
         if policy == "full":
             out.append(EvalSetting(name, policy, None, (), None, {}))
             continue

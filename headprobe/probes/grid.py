@@ -9,9 +9,10 @@ from ..errors import HeadprobeError
 #: HeadKV's grid: 5 lengths up to 10K (capped at the model's context), 10 depths from 0 to 100%.
 FULL_LENGTHS = (1000, 3250, 5500, 7750, 10000)
 FULL_DEPTHS = tuple(i / 9 for i in range(10))
-#: CPU default: finishes the embedded SmolLM2-135M, all probes, in a few minutes on 2 cores.
+#: CPU default: finishes the embedded SmolLM2-135M, all probes, in under 10 minutes on 2 cores
+#: (about 7 minutes measured; five depths took 10.4).
 CPU_LENGTHS = (1000, 2000)
-CPU_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+CPU_DEPTHS = (0.0, 0.5, 1.0)
 
 
 @dataclass(frozen=True, order=True)
@@ -51,7 +52,7 @@ def default_grid(on_gpu: bool, max_context: int | None) -> tuple[tuple[int, ...]
         top = min(10000, max_context or 10000)
         lengths = FULL_LENGTHS if top >= 10000 else tuple(int(round(1000 + i * (top - 1000) / 4)) for i in range(5))
         return lengths, FULL_DEPTHS, f"full grid (5 lengths up to {lengths[-1]}, 10 depths)"
-    return CPU_LENGTHS, CPU_DEPTHS, "CPU grid (lengths 1000, 2000; depths 0, 25, 50, 75, 100%); --grid full for HeadKV's"
+    return CPU_LENGTHS, CPU_DEPTHS, "CPU grid (--grid full for HeadKV's)"
 
 
 def full_grid(max_context: int | None) -> tuple[tuple[int, ...], tuple[float, ...], str]:

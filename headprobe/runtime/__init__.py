@@ -3,12 +3,14 @@
 from .attention import headprobe_attention
 from .budgets import BudgetSource, MapBudget, RatioBudget, UniformBudget, distribute
 from .cache import CompressedCache
-from .generate import GenerationResult, generate_compressed, make_policy
+from .generate import GenerationResult, generate_compressed, make_policy, parse_policy_options
 from .policies import POLICIES, Policy
+from .shared_prefill import RecordedPrefill, generate_from_prefill, record_prefill
 
 __all__ = ["BudgetSource", "CompressedCache", "GenerationResult", "MapBudget", "POLICIES", "Policy",
-           "RatioBudget", "UniformBudget", "distribute", "generate_compressed", "headprobe_attention",
-           "make_policy"]
+           "RatioBudget", "RecordedPrefill", "UniformBudget", "distribute", "generate_compressed",
+           "generate_from_prefill", "headprobe_attention", "make_policy", "parse_policy_options",
+           "record_prefill"]
 
 from .kernels.dispatch import set_backend as set_kernel_backend  # noqa: E402
 

@@ -153,9 +153,45 @@ class CompressedCache(Cache):
         """Run the policy for one layer; returns ``[batch, q_heads, n, head_dim]``."""
         keys, values = slot.pending
         slot.pending = None
+        prefill = self.stores[slot.layer_idx] is None
+        ctx, policy = self._layer_context(slot, query, keys, values, scaling, sliding_window, softcap,
+                                          position_ids, prefill)
+        return policy.prefill(ctx) if prefill else policy.decode(ctx)
+
+    def compress_prompt(self, layers: list[Any]) -> None:
+        """Fill every layer's store from a recorded prompt forward instead of running it again.
+
+        Parameters
+        ----------
+        layers
+            Per layer, in order, a record with ``query`` ``[batch, q_heads, n, head_dim]``, ``keys`` and
+            ``values`` ``[batch, kv_heads, n, head_dim]``, ``scaling``, ``sliding_window``, ``softcap`` and
+            ``position_ids`` (:class:`headprobe.runtime.shared_prefill.RecordedLayer`).
+
+        Raises
+        ------
+        HeadprobeError
+            A cache that already holds a prompt, or a policy whose prefill is not plain attention.
+        """
+        if any(s is not None for s in self.stores):
+            raise HeadprobeError("CompressedCache.compress_prompt: the cache already holds a prompt")
+        if not self.policy.full_prefill:
+            raise HeadprobeError(f"policy {self.policy.name}: its prefill is not plain attention, so a recorded "
+                                 "prefill cannot be replayed; run generate_compressed instead")
+        for rec in layers:
+            slot = self.layers[rec.layer_idx]
+            slot.seen = rec.keys.shape[2]
+            slot.is_initialized = True
+            ctx, policy = self._layer_context(slot, rec.query, rec.keys, rec.values, rec.scaling,
+                                              rec.sliding_window, rec.softcap, rec.position_ids, True)
+            policy.compress(ctx)
+
+    def _layer_context(self, slot: LayerSlot, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                       scaling: float, sliding_window: int | None, softcap: float | None,
+                       position_ids: torch.Tensor | None, prefill: bool) -> tuple[LayerContext, Policy]:
+        """The policy context of one attention call of ``slot`` (budgets resolved at the first prefill)."""
         b, n = keys.shape[0], keys.shape[2]
         start = slot.seen - n
-        prefill = self.stores[slot.layer_idx] is None
         if prefill and self.pad is None:
             self.pad = _infer_padding(position_ids, b, n, keys.device)
         pad = self.pad.to(keys.device) if self.pad is not None else torch.zeros(b, dtype=torch.long,
@@ -171,7 +207,7 @@ class CompressedCache(Cache):
             budgets = self.budgets[:, slot.layer_idx]
         ctx = LayerContext(self, slot.layer_idx, query, keys, values, positions, valid, budgets, scaling,
                            sliding_window, softcap)
-        return policy.prefill(ctx) if prefill else policy.decode(ctx)
+        return ctx, policy
 
 
 def _infer_padding(position_ids: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:

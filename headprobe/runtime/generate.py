@@ -56,6 +56,25 @@ def make_policy(policy: str | Policy, **options: Any) -> Policy:
     return POLICIES[policy].from_options(options)
 
 
+def parse_policy_options(items: list[str], what: str = "--option") -> dict[str, Any]:
+    """``["block_size=128", "anchor=raw"]`` → ``{"block_size": 128, "anchor": "raw"}`` (ints, floats,
+    true/false, else strings); the policy itself checks names and values (:func:`make_policy`)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise HeadprobeError(f"{what} {item}: expected KEY=VALUE")
+        key, value = item.split("=", 1)
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = {"true": True, "false": False}.get(value.lower(), value)
+    return out
+
+
 def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio: float | None,
                      identity: Any = None, capacity: int | None = None) -> BudgetSource:
     """Normalise the budget arguments of :func:`generate_compressed`."""
@@ -106,16 +125,23 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     -------
     GenerationResult
     """
-    identity = getattr(model, "identity", None)
+    hf_model, tokenizer, input_ids, attention_mask = prepare_inputs(model, prompts, tokenizer, input_ids,
+                                                                    attention_mask, chat)
+    cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, attention_mask)
+    kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, **generate_kwargs}
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    with headprobe_attention(hf_model):
+        out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
+                                **kwargs)
+    return finish(tokenizer, out, input_ids.shape[1], cache)
+
+
+def prepare_inputs(model: Any, prompts: str | list[str] | None, tokenizer: Any, input_ids: torch.Tensor | None,
+                   attention_mask: torch.Tensor | None, chat: bool) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
+    """``(hf_model, tokenizer, input_ids, attention_mask)`` on the model's device, prompts left-padded."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     hf_model = getattr(model, "model", model) if hasattr(model, "identity") else model
-    pol = make_policy(policy, **(policy_options or {}))
-    if budget is None and capacity is not None and ratio is None:
-        budget = capacity
-        capacity = None
-    source = as_budget_source(budget, ratio, identity, capacity)
-    if isinstance(source, MapBudget):
-        source.check(*_shape(hf_model.config))
     device = next(hf_model.parameters()).device
     if input_ids is None:
         if tokenizer is None or prompts is None:
@@ -133,18 +159,31 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
         input_ids, attention_mask = enc["input_ids"], enc["attention_mask"]
     if attention_mask is None:
         attention_mask = torch.ones_like(input_ids)
-    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-    cache = CompressedCache(hf_model.config, pol, source, max_new_tokens=max_new_tokens,
-                            attention_mask=attention_mask)
-    kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, **generate_kwargs}
-    if tokenizer is not None and tokenizer.pad_token_id is not None:
-        kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-    with headprobe_attention(hf_model):
-        out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                **kwargs)
-    new = out[:, input_ids.shape[1]:]
-    texts_out = tokenizer.batch_decode(new, skip_special_tokens=True) if tokenizer is not None else [""] * len(new)
-    return GenerationResult(sequences=out, new_tokens=new, texts=texts_out, cache=cache)
+    return hf_model, tokenizer, input_ids.to(device), attention_mask.to(device)
+
+
+def new_cache(model: Any, policy: str | Policy, budget: BudgetSource | BudgetMap | str | int | None,
+              ratio: float | None, capacity: int | None, policy_options: dict[str, Any] | None,
+              max_new_tokens: int, attention_mask: torch.Tensor) -> CompressedCache:
+    """An empty :class:`CompressedCache` for ``model`` from the budget arguments of :func:`generate_compressed`."""
+    identity = getattr(model, "identity", None)
+    hf_model = getattr(model, "model", model) if hasattr(model, "identity") else model
+    pol = make_policy(policy, **(policy_options or {}))
+    if budget is None and capacity is not None and ratio is None:
+        budget = capacity
+        capacity = None
+    source = as_budget_source(budget, ratio, identity, capacity)
+    if isinstance(source, MapBudget):
+        source.check(*_shape(hf_model.config))
+    return CompressedCache(hf_model.config, pol, source, max_new_tokens=max_new_tokens,
+                           attention_mask=attention_mask)
+
+
+def finish(tokenizer: Any, sequences: torch.Tensor, prompt_len: int, cache: CompressedCache) -> GenerationResult:
+    """The :class:`GenerationResult` of ``sequences`` ``[batch, prompt_len + new]``."""
+    new = sequences[:, prompt_len:]
+    texts = tokenizer.batch_decode(new, skip_special_tokens=True) if tokenizer is not None else [""] * len(new)
+    return GenerationResult(sequences=sequences, new_tokens=new, texts=texts, cache=cache)
 
 
 def _shape(config: Any) -> tuple[int, int]:

@@ -160,6 +160,10 @@ class Policy:
     uses_votes: ClassVar[bool] = False
     #: Whether the policy reads per-head budgets (``full`` does not).
     uses_budgets: ClassVar[bool] = True
+    #: Whether the prompt's forward pass is plain causal attention whatever the policy keeps, so that one
+    #: recorded prefill can serve many settings (:mod:`headprobe.runtime.shared_prefill`). KeyDiff's
+    #: block-wise prefill changes the forward itself and sets this to False.
+    full_prefill: ClassVar[bool] = True
     window: int = 8
 
     # ---- options ---------------------------------------------------------------------------------
@@ -193,9 +197,16 @@ class Policy:
     def prefill(self, ctx: LayerContext) -> torch.Tensor:
         """Attention output ``[batch, q_heads, n, head_dim]`` of the prompt; fills the layer's store."""
         out = prefill_attention(ctx)
-        selection = self.select(ctx)
-        self.build_store(ctx, selection)
+        self.compress(ctx)
         return out
+
+    def compress(self, ctx: LayerContext) -> None:
+        """Fill the layer's store from the prompt's pairs: everything prefill does after the attention.
+
+        Policies with ``full_prefill`` put all their prefill-time work here, so that a recorded prefill
+        replayed layer by layer (:mod:`headprobe.runtime.shared_prefill`) builds the same store.
+        """
+        self.build_store(ctx, self.select(ctx))
 
     def build_store(self, ctx: LayerContext, selection: Selection,
                     log_votes: torch.Tensor | None = None) -> LayerStore:

@@ -22,7 +22,7 @@ import torch
 from ...errors import HeadprobeError
 from ..budgets import distribute
 from ..store import Selection
-from .base import LayerContext, Policy, prefill_attention
+from .base import LayerContext, Policy
 from .snapkv import window_scores
 
 
@@ -40,8 +40,7 @@ class DynamicKV(Policy):
         if self.interval < 1 or self.r_max < 1:
             raise HeadprobeError("policy dynamickv: interval and r_max must be at least 1")
 
-    def prefill(self, ctx: LayerContext) -> torch.Tensor:
-        out = prefill_attention(ctx)
+    def compress(self, ctx: LayerContext) -> None:
         cache = ctx.cache
         b, h, n = ctx.batch, ctx.kv_heads, ctx.keys.shape[2]
         dev = ctx.keys.device
@@ -85,7 +84,6 @@ class DynamicKV(Policy):
                 s.relayout(torch.full_like(s.lengths, cache.max_new_tokens))
             cache.layer_state.pop("dynamickv")
         del store
-        return out
 
     def reserve(self, ctx, kept):
         return torch.zeros_like(kept)

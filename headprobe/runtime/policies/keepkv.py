@@ -19,7 +19,7 @@ import torch
 
 from ...errors import HeadprobeError
 from ..store import LayerStore
-from .base import LayerContext, Policy, prefill_attention, window_and_topk
+from .base import LayerContext, Policy, window_and_topk
 from .merge import KEY_MERGES, merge_groups, most_similar
 from .snapkv import window_scores
 
@@ -56,8 +56,7 @@ class KeepKV(Policy):
         logits = torch.einsum("bkgwd,bknd->bkgwn", q.reshape(b, ctx.kv_heads, g, w, d), ctx.keys.float())
         return logits.mean((2, 3)) * ctx.scaling
 
-    def prefill(self, ctx: LayerContext) -> torch.Tensor:
-        out = prefill_attention(ctx)
+    def compress(self, ctx: LayerContext) -> None:
         sel = window_and_topk(window_scores(ctx, self.window, self.kernel_size), ctx, self.window)
         b, h, n, d = ctx.keys.shape
         s = b * h
@@ -81,7 +80,6 @@ class KeepKV(Policy):
         store = self.build_store(merged_ctx, sel, lnp_sel)
         self._init_scores(store, torch.gather(new_l, 1, sel.index), kept_valid)
         store.budget = ctx.budgets.reshape(-1).to(keys.device)
-        return out
 
     def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(kept.device)

@@ -39,6 +39,7 @@ class KeyDiff(Policy):
     share of the budget reserved for the most recent tokens (``recent_share``)."""
 
     name: ClassVar[str] = "keydiff"
+    full_prefill: ClassVar[bool] = False
     window: int = 0
     block_size: int = 128
     anchor: str = "normalized"
@@ -65,6 +66,9 @@ class KeyDiff(Policy):
         k = max(int(count.max()), 1)
         keep = scores.topk(min(k, scores.shape[1]), dim=1).indices
         return keep, count
+
+    def compress(self, ctx: LayerContext) -> None:
+        raise HeadprobeError("policy keydiff: its block-wise prefill cannot be replayed from a full prefill")
 
     def prefill(self, ctx: LayerContext) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(ctx.keys.device)

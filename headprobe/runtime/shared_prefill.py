@@ -1,0 +1,214 @@
+"""One prompt forward, many caches: record a prefill once, then generate from it with any setting.
+
+Every policy whose prefill is plain causal attention (``Policy.full_prefill``: all but KeyDiff's block-wise
+prefill) computes the same prompt forward and differs only in what it keeps afterwards. Comparing many
+settings on one prompt (``headprobe eval``) therefore needs the forward once: :func:`record_prefill` runs
+it and keeps, per layer, the post-RoPE queries, keys and values and the next-token logits;
+:func:`generate_from_prefill` builds a fresh :class:`CompressedCache` from that record
+(``CompressedCache.compress_prompt``), takes the greedy first token from the recorded logits, and lets
+transformers' ``generate`` decode the rest over the compressed cache. The result equals
+:func:`~headprobe.runtime.generate.generate_compressed` with the same arguments token for token (a test
+checks it); only greedy decoding without logits processors is supported, and other generation settings
+are refused rather than silently changed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..errors import HeadprobeError
+from .attention import headprobe_attention
+from .cache import CompressedCache, LayerSlot
+from .generate import GenerationResult, finish, new_cache, prepare_inputs
+from .policies.base import LayerContext, prefill_attention
+
+#: generation_config fields that would make the first token something other than the argmax.
+_FIRST_TOKEN_CHANGERS = {"do_sample": False, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
+                         "bad_words_ids": None, "suppress_tokens": None, "begin_suppress_tokens": None,
+                         "min_new_tokens": None, "forced_bos_token_id": None, "forced_eos_token_id": None,
+                         "sequence_bias": None, "num_beams": 1}
+
+
+@dataclass
+class RecordedLayer:
+    """One layer's prompt forward.
+
+    Attributes
+    ----------
+    layer_idx
+        Layer index.
+    query
+        ``[batch, q_heads, n, head_dim]`` post-RoPE queries.
+    keys, values
+        ``[batch, kv_heads, n, head_dim]``.
+    scaling, sliding_window, softcap
+        As the model's attention passed them.
+    position_ids
+        ``[batch, n]`` the position ids the forward used (left padding inferred from them when no mask).
+    """
+
+    layer_idx: int
+    query: torch.Tensor
+    keys: torch.Tensor
+    values: torch.Tensor
+    scaling: float
+    sliding_window: int | None
+    softcap: float | None
+    position_ids: torch.Tensor | None
+
+
+@dataclass
+class RecordedPrefill:
+    """A prompt forward kept for :func:`generate_from_prefill`.
+
+    Attributes
+    ----------
+    input_ids, attention_mask
+        ``[batch, n]`` the prompt (left-padded).
+    layers
+        One :class:`RecordedLayer` per layer, in order.
+    next_logits
+        ``[batch, vocab]`` logits of the token after the prompt.
+    seconds
+        Wall time of the forward.
+    """
+
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    layers: list[RecordedLayer]
+    next_logits: torch.Tensor
+    seconds: float
+
+    def nbytes(self) -> int:
+        """Bytes held by the record (queries, keys, values)."""
+        return sum(t.numel() * t.element_size() for r in self.layers for t in (r.query, r.keys, r.values))
+
+
+class _Recorder(CompressedCache):
+    """A cache that runs plain prefill attention and records each layer's tensors instead of storing."""
+
+    def __init__(self, config: Any, attention_mask: torch.Tensor) -> None:
+        super().__init__(config, max_new_tokens=0, attention_mask=attention_mask)
+        self.records: list[RecordedLayer] = []
+
+    def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
+               softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
+        keys, values = slot.pending
+        slot.pending = None
+        b, n = keys.shape[0], keys.shape[2]
+        pad = self.pad.to(keys.device)
+        positions = slot.seen - n + torch.arange(n, device=keys.device)[None, :] - pad[:, None]
+        ctx = LayerContext(self, slot.layer_idx, query, keys, values, positions, positions >= 0, None, scaling,
+                           sliding_window, softcap)
+        self.records.append(RecordedLayer(slot.layer_idx, query, keys, values, scaling, sliding_window, softcap,
+                                          position_ids))
+        return prefill_attention(ctx)
+
+
+def check_greedy(hf_model: Any, generate_kwargs: dict[str, Any]) -> None:
+    """Refuse generation settings under which the first token is not the argmax of the prompt's logits."""
+    config = getattr(hf_model, "generation_config", None)
+    for name, neutral in _FIRST_TOKEN_CHANGERS.items():
+        value = generate_kwargs.get(name, getattr(config, name, neutral) if config is not None else neutral)
+        if value is not None and value != neutral and not (name == "min_new_tokens" and value == 0):
+            raise HeadprobeError(f"generate_from_prefill: {name}={value!r} changes the first token; only greedy "
+                                 "decoding without logits processors replays a recorded prefill "
+                                 "(use generate_compressed)")
+
+
+@torch.no_grad()
+def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokenizer: Any = None,
+                   input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
+                   chat: bool = False) -> RecordedPrefill:
+    """Run the prompt forward once and keep what :func:`generate_from_prefill` needs.
+
+    Parameters
+    ----------
+    model
+        A :class:`~headprobe.models.loading.LoadedModel` or a transformers causal LM.
+    prompts, tokenizer, input_ids, attention_mask, chat
+        As for :func:`~headprobe.runtime.generate.generate_compressed`.
+
+    Returns
+    -------
+    RecordedPrefill
+        About ``layers × n × (q_heads + 2 · kv_heads) × head_dim`` values (≈ 1 GB for SmolLM2 at 8K
+        tokens in float32).
+    """
+    hf_model, _, input_ids, attention_mask = prepare_inputs(model, prompts, tokenizer, input_ids,
+                                                            attention_mask, chat)
+    recorder = _Recorder(hf_model.config, attention_mask)
+    position_ids = attention_mask.long().cumsum(-1) - 1      # as generate computes them
+    position_ids = position_ids.masked_fill(attention_mask == 0, 1)
+    start = time.perf_counter()
+    with headprobe_attention(hf_model):
+        out = hf_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       past_key_values=recorder, use_cache=True, logits_to_keep=1)
+    seconds = time.perf_counter() - start
+    return RecordedPrefill(input_ids=input_ids, attention_mask=attention_mask, layers=recorder.records,
+                           next_logits=out.logits[:, -1].float(), seconds=seconds)
+
+
+@torch.no_grad()
+def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: Any = None,
+                          policy: str = "snapkv", budget: Any = None, ratio: float | None = None,
+                          capacity: int | None = None, max_new_tokens: int = 64,
+                          policy_options: dict[str, Any] | None = None, **generate_kwargs: Any) -> GenerationResult:
+    """Generate from a recorded prefill with a fresh compressed cache (greedy).
+
+    Parameters
+    ----------
+    model
+        The model :func:`record_prefill` ran.
+    prefill
+        The record; it is not modified and can serve any number of calls.
+    policy, budget, ratio, capacity, max_new_tokens, policy_options
+        As for :func:`~headprobe.runtime.generate.generate_compressed`.
+
+    Returns
+    -------
+    GenerationResult
+        The same sequences :func:`generate_compressed` would return with these arguments.
+
+    Raises
+    ------
+    HeadprobeError
+        A policy whose prefill is not plain attention (KeyDiff), or sampling / logits processors.
+    """
+    hf_model = getattr(model, "model", model) if hasattr(model, "identity") else model
+    tokenizer = tokenizer or getattr(model, "tokenizer", None)
+    check_greedy(hf_model, generate_kwargs)
+    if max_new_tokens < 1:
+        raise HeadprobeError("generate_from_prefill: max_new_tokens must be at least 1")
+    ids, mask = prefill.input_ids, prefill.attention_mask
+    cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
+    cache.compress_prompt(prefill.layers)
+    first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.dtype)          # [batch, 1]
+    sequences = torch.cat([ids, first], 1)
+    eos = _eos_ids(hf_model, tokenizer)
+    if max_new_tokens > 1 and not all(int(t) in eos for t in first[:, 0]):
+        kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens - 1, **generate_kwargs}
+        if tokenizer is not None and tokenizer.pad_token_id is not None:
+            kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+        with headprobe_attention(hf_model):
+            sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(first)], 1),
+                                          past_key_values=cache, **kwargs)
+            done = torch.tensor([int(t) in eos for t in first[:, 0]], device=sequences.device)
+            pad = tokenizer.pad_token_id if tokenizer is not None else None
+            if bool(done.any()) and pad is not None:    # rows that ended at the first token, as generate pads them
+                sequences[done, ids.shape[1] + 1:] = pad
+    return finish(tokenizer, sequences, ids.shape[1], cache)
+
+
+def _eos_ids(hf_model: Any, tokenizer: Any) -> set[int]:
+    config = getattr(hf_model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
