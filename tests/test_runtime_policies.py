@@ -89,6 +89,27 @@ def test_dynamickv_budgets_sum_exactly(tiny_llama):
     assert int((res2.cache.kept_tokens()[0] - 8).sum()) == base * 2 * 7
 
 
+def test_dynamickv_with_a_budget_map_shares_the_maps_total():
+    """Per-head budgets that differ by layer and head: the layers share Σ(budget - window), not layer 0's."""
+    from conftest import make_tiny_llama
+    from headprobe.runtime import BudgetSource, CompressedCache, headprobe_attention, make_policy
+
+    class Fixed(BudgetSource):
+        def resolve(self, cache, prompt_lengths, policy):
+            per = torch.tensor([[9, 9], [10, 14], [20, 12], [9, 30], [16, 16]])      # [layers, kv_heads]
+            return per[None].expand(len(prompt_lengths), -1, -1).clone()
+
+    lm = make_tiny_llama(layers=5)
+    enc = lm.tokenizer(LONG[:1], return_tensors="pt")
+    cache = CompressedCache(lm.model.config, make_policy("dynamickv", interval=2, r_max=4), Fixed(), max_new_tokens=1)
+    with headprobe_attention(lm.model):
+        lm.model(**enc, past_key_values=cache, use_cache=True)
+    kept = cache.kept_tokens()[0]
+    assert enc["input_ids"].shape[1] > 8 + 30     # every head can hold its own budget
+    assert int((kept - 8).sum()) == (9 + 9 + 10 + 14 + 20 + 12 + 9 + 30 + 16 + 16) - 8 * 10   # = 65, not 1·2·5
+    assert int(kept.min()) >= 8
+
+
 def test_keepkv_zip_merge_is_exact_for_one_step():
     torch.manual_seed(0)
     s, n, d, scale = 3, 10, 16, 0.25

@@ -8,7 +8,8 @@ the scores held by the ``t`` layers so far decides each layer's share (winners c
 shares are split over the layer's heads, clamped to what each head holds (never reaching into the window)
 with the excess redistributed, and the earlier layers are cut in place. After the last layer every layer
 is re-laid out tightly with its decode room. The budgets of all layers sum exactly to ``B · H · L`` per
-prompt (or to everything the prompt holds when it is shorter).
+prompt (or to everything the prompt holds when it is shorter). With a budget map instead of a capacity,
+``B`` is each head's own budget beyond the window and the layers share the map's total the same way.
 """
 
 from __future__ import annotations
@@ -48,7 +49,7 @@ class DynamicKV(Policy):
         real = ctx.prompt_lengths
         pad = n - real
         w = torch.minimum(real, torch.full_like(real, self.window))
-        base = (ctx.budgets.to(dev) - w[:, None]).clamp(min=0)           # B per head (uniform source)
+        base = (ctx.budgets.to(dev) - w[:, None]).clamp(min=0)           # B per head: the capacity, or the budget map's head budget
         hold = torch.minimum(base * self.r_max, (real - w)[:, None])      # [b, h]
         idx = torch.arange(n, device=dev)
         prefix = (idx[None, :] >= pad[:, None]) & (idx[None, :] < (n - w)[:, None])
@@ -94,7 +95,6 @@ class DynamicKV(Policy):
         h = layers[0]["scores"].shape[1]
         b = layers[0]["scores"].shape[0]
         for row in range(b):
-            base = int(layers[0]["base"][row].max())
             held = []
             for entry in layers:
                 store = cache.stores[entry["layer"]]
@@ -105,7 +105,9 @@ class DynamicKV(Policy):
                 held.append((lengths, sc))
             flat = torch.cat([sc.reshape(-1) for _, sc in held])
             finite = int(torch.isfinite(flat).sum())
-            total = min(base * h * t, finite)
+            # Σ of the layers' own budgets beyond the window: B·H·t for a uniform capacity, the budget
+            # file's totals for a map (each layer's heads may differ).
+            total = min(sum(int(entry["base"][row].sum()) for entry in layers), finite)
             owner = torch.cat([torch.full((sc.numel(),), i, dtype=torch.long) for i, (_, sc) in enumerate(held)])
             counts = np.zeros(t)
             if total:
