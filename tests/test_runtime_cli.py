@@ -14,6 +14,18 @@ def test_generate_rejects_an_option_the_policy_does_not_have(capsys):
                    "(options: window, kernel_size, pooling, adaptive, floor_share)"]
 
 
+@pytest.mark.parametrize("option, message", [
+    ("pooling=median", "policy snapkv: pooling 'median': expected max or avg"),
+    ("kernel_size=6", "policy snapkv: kernel_size 6: expected an odd positive integer"),
+    ("window=8.5", "policy snapkv: option window=8.5: expected an integer"),
+    ("adaptive=yes", "policy snapkv: option adaptive='yes': expected true or false"),
+    ("window=0", "policy snapkv: window 0: expected at least 1"),
+])
+def test_generate_rejects_option_values_that_do_not_fit(option, message, capsys):
+    assert main(["generate", "--policy", "snapkv", "--option", option, "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [f"headprobe: error: {message}"]
+
+
 def test_generate_rejects_a_bad_budget_file(tmp_path, capsys):
     bad = tmp_path / "b.json"
     bad.write_text('{"format": "headprobe.profile", "version": 1}')

@@ -9,6 +9,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ..errors import HeadprobeError
+
 
 def attention_rows(
     query: torch.Tensor,
@@ -101,6 +103,8 @@ def pooled_window_scores(
     torch.Tensor
         ``[batch, heads, prefix_len]`` float32 scores.
     """
+    if pooling not in ("max", "avg"):
+        raise HeadprobeError(f"pooling {pooling!r}: expected max or avg")
     scores = rows[..., :prefix_len].float().mean(dim=-2)  # [b, h, prefix]
     if kernel_size and kernel_size > 1 and prefix_len > 0:
         b, h, n = scores.shape

@@ -148,6 +148,27 @@ def window_and_topk(scores: torch.Tensor, ctx: LayerContext, window: int) -> Sel
     return Selection(index=index.reshape(b * h, -1), count=count.reshape(-1))
 
 
+def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
+    """Refuse an option value of the wrong kind (``window=8.5``, ``adaptive=yes``) in one line."""
+    if isinstance(default, bool):
+        ok, want = isinstance(value, bool), "true or false"
+    elif isinstance(default, int):
+        ok, want = isinstance(value, int) and not isinstance(value, bool), "an integer"
+    elif isinstance(default, float):
+        ok, want = isinstance(value, (int, float)) and not isinstance(value, bool), "a number"
+    elif isinstance(default, str):
+        ok, want = isinstance(value, str), "a string"
+    else:
+        return
+    if not ok:
+        raise HeadprobeError(f"policy {policy}: option {key}={value!r}: expected {want}")
+
+
+def check_window(policy: "Policy", minimum: int = 1) -> None:
+    if policy.window < minimum:
+        raise HeadprobeError(f"policy {policy.name}: window {policy.window}: expected at least {minimum}")
+
+
 @dataclass
 class Policy:
     """Base class: keeps everything (the full-cache baseline behaves exactly like this).
@@ -176,10 +197,12 @@ class Policy:
     def from_options(cls, options: dict[str, Any]) -> "Policy":
         """Build the policy, refusing options it does not have (one clear line)."""
         names = cls.option_names()
-        for key in options:
+        defaults = {f.name: f.default for f in fields(cls)} if names else {}
+        for key, value in options.items():
             if key not in names:
                 have = ", ".join(names) or "none"
                 raise HeadprobeError(f"policy {cls.name}: option {key!r} does not apply (options: {have})")
+            _check_type(cls.name, key, value, defaults[key])
         return cls(**options)
 
     # ---- hooks -----------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ import torch
 from ...errors import HeadprobeError
 from ..budgets import distribute
 from ..store import Selection
-from .base import LayerContext, Policy
+from .base import LayerContext, Policy, check_window
 from .snapkv import window_scores
 
 
@@ -38,6 +38,7 @@ class DynamicKV(Policy):
     interval: int = 4
 
     def __post_init__(self) -> None:
+        check_window(self)
         if self.interval < 1 or self.r_max < 1:
             raise HeadprobeError("policy dynamickv: interval and r_max must be at least 1")
 

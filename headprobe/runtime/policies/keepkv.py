@@ -19,7 +19,7 @@ import torch
 
 from ...errors import HeadprobeError
 from ..store import LayerStore
-from .base import LayerContext, Policy, window_and_topk
+from .base import LayerContext, Policy, check_window, window_and_topk
 from .merge import KEY_MERGES, merge_groups, most_similar
 from .snapkv import window_scores
 
@@ -39,10 +39,17 @@ class KeepKV(Policy):
     kernel_size: int = 7
 
     def __post_init__(self) -> None:
+        check_window(self)
         if self.key_merge not in KEY_MERGES:
             raise HeadprobeError(f"policy keepkv: key_merge {self.key_merge!r}: expected one of {', '.join(KEY_MERGES)}")
         if self.score_estimator not in ("ema", "window_mean"):
             raise HeadprobeError(f"policy keepkv: score_estimator {self.score_estimator!r}: expected ema or window_mean")
+        if not -1.0 <= self.threshold <= 1.0:
+            raise HeadprobeError(f"policy keepkv: threshold {self.threshold}: expected a cosine in [-1, 1]")
+        if not 0.0 <= self.ema_decay < 1.0:
+            raise HeadprobeError(f"policy keepkv: ema_decay {self.ema_decay}: expected a value in [0, 1)")
+        if self.score_window < 1 or self.kernel_size < 1:
+            raise HeadprobeError("policy keepkv: score_window and kernel_size must be at least 1")
 
     # ---- prefill -----------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ from ...attention.rows import attention_rows
 from ...errors import HeadprobeError
 from ..kernels.torch_ref import ragged_attention_torch
 from ..store import Selection
-from .base import LayerContext, Policy, window_and_topk
+from .base import LayerContext, Policy, check_window, window_and_topk
 
 
 def _reduce(probs: torch.Tensor, fuse: str, group_reduce: str) -> torch.Tensor:
@@ -39,6 +39,7 @@ class MorphKV(Policy):
     evict_every: int = 1
 
     def __post_init__(self) -> None:
+        check_window(self)
         if self.fuse not in ("sum", "max"):
             raise HeadprobeError(f"policy morphkv: fuse {self.fuse!r}: expected sum or max")
         if self.group_reduce not in ("sum", "max"):

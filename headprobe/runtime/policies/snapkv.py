@@ -14,7 +14,8 @@ import torch
 
 from ...attention.rows import attention_rows, pooled_window_scores
 from ..store import Selection
-from .base import LayerContext, Policy, window_and_topk
+from ...errors import HeadprobeError
+from .base import LayerContext, Policy, check_window, window_and_topk
 
 
 def window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str = "max") -> torch.Tensor:
@@ -73,6 +74,15 @@ class SnapKV(Policy):
     pooling: str = "max"
     adaptive: bool = False
     floor_share: float = 0.2
+
+    def __post_init__(self) -> None:
+        check_window(self)
+        if self.pooling not in ("max", "avg"):
+            raise HeadprobeError(f"policy snapkv: pooling {self.pooling!r}: expected max or avg")
+        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
+            raise HeadprobeError(f"policy snapkv: kernel_size {self.kernel_size}: expected an odd positive integer")
+        if not 0.0 <= self.floor_share <= 1.0:
+            raise HeadprobeError(f"policy snapkv: floor_share {self.floor_share}: expected a value in [0, 1]")
 
     def select(self, ctx: LayerContext) -> Selection:
         scores = window_scores(ctx, self.window, self.kernel_size, self.pooling)

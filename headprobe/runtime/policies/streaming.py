@@ -7,8 +7,9 @@ from typing import ClassVar
 
 import torch
 
+from ...errors import HeadprobeError
 from ..store import Selection
-from .base import LayerContext, Policy, window_and_topk
+from .base import LayerContext, Policy, check_window, window_and_topk
 
 
 def evict_oldest(ctx: LayerContext, protect_first: int) -> None:
@@ -32,6 +33,11 @@ class Streaming(Policy):
     name: ClassVar[str] = "streaming"
     sink: int = 4
     window: int = 8
+
+    def __post_init__(self) -> None:
+        check_window(self, 0)
+        if self.sink < 0:
+            raise HeadprobeError(f"policy streaming: sink {self.sink}: expected 0 or more")
 
     def select(self, ctx: LayerContext) -> Selection:
         n = ctx.keys.shape[2]
