@@ -76,3 +76,13 @@ def smollm2() -> LoadedModel:
 
     torch.set_num_threads(max(1, torch.get_num_threads()))
     return load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture
+def one_thread():
+    """Run a test with one torch thread: small models are dominated by per-op overhead, and on small shared
+    CPUs extra threads only contend (several times faster here)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -10,13 +10,7 @@ from headprobe.budget import BudgetMap
 from headprobe.runtime import (POLICIES, CompressedCache, MapBudget, RatioBudget, UniformBudget, distribute,
                                generate_compressed, headprobe_attention, make_policy)
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """Tiny models are dominated by per-op overhead; extra threads only contend on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 PROMPTS = ["The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 3,

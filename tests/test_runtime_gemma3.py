@@ -7,7 +7,7 @@ import torch
 
 from headprobe import HeadprobeError, generate_compressed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
 
 @pytest.fixture(scope="module")
@@ -18,14 +18,6 @@ def gemma3():
         return load_model("gemma3-270m", device="cpu")
     except HeadprobeError as exc:          # the model package is not installed
         pytest.skip(str(exc))
-
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 
 def test_gemma3_sliding_layers_and_compressed_global_layers(gemma3):

@@ -12,12 +12,7 @@ LONG = ["The river ran past the old mill. Fishermen waited on the bank while the
         "The secret code is blue tulip seven. Numbers like 42 appear in reports. " * 3]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def test_morphkv_cache_size_is_constant_while_decoding(tiny_llama):

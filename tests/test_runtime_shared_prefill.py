@@ -16,12 +16,7 @@ SETTINGS = [("snapkv", 20, {}), ("snapkv", 20, {"pooling": "avg"}), ("streaming"
             ("keepkv", 20, {"key_merge": "zip"}), ("keepkv", 20, {"key_merge": "convex"}), ("full", None, {})]
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.mark.parametrize("model_name", ["tiny_llama", "tiny_gemma3"])

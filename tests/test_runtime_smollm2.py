@@ -10,16 +10,8 @@ import torch
 from headprobe.budget import BudgetMap
 from headprobe.runtime import POLICIES, generate_compressed
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
-
-@pytest.fixture(autouse=True)
-def _one_thread():
-    """On small shared CPUs one thread per process avoids oversubscription (several times faster here)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
 
 _SUBJECTS = ["The farmer", "A young teacher", "The old captain", "My neighbour", "The baker", "A quiet student",
              "The mayor", "An engineer"]
