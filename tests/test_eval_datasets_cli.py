@@ -112,3 +112,18 @@ def test_babi_and_ablate_commands(tiny_dir, tmp_path, capsys):
     assert main(["ablate", "--model", str(tiny_dir), "--lengths", "300", "--out", str(tmp_path / "a.json"),
                  "--no-chat-template"]) == 2
     assert "no retrieval profile" in capsys.readouterr().err
+
+
+def test_longgen_command_with_per_setting_options(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "long.json"
+    assert main(["eval", "--model", str(tiny_dir), "--task", "longgen", "--settings", "full", "keepkv[key_merge=zip]",
+                 "keepkv[key_merge=convex]", "--capacities", "24", "--lengths", "300", "--depths", "50",
+                 "--needle-ids", "r01", "--max-new-tokens", "20", "--no-chat-template", "--out", str(out),
+                 "--plot", "none"]) == 0
+    res = EvalResult.load(out)
+    assert res.task["kind"] == "longgen"
+    by = {c["setting"]: c for c in res.cells}
+    assert set(by) == {"full", "keepkv[key_merge=zip]@24", "keepkv[key_merge=convex]@24"}
+    assert by["full"]["accuracy"] == 1.0
+    assert by["keepkv[key_merge=zip]@24"]["trials"][0]["reference"] == by["full"]["trials"][0]["response"]
+    assert "keepkv[key_merge=zip]@24" in capsys.readouterr().out
