@@ -84,11 +84,13 @@ def accuracy_vs_memory(result: EvalResult) -> Figure:
     ax.xaxis.set_minor_formatter(ticks)
     ax.tick_params(axis="x", which="minor", labelsize=7)
     ax.set_xlabel("KV cache allocated (MiB, log scale; labels = capacity per head)")
-    ax.set_ylabel("mean accuracy")
+    longgen = result.task.get("kind") == "longgen"
+    ax.set_ylabel("mean ROUGE-L F1 against the full cache" if longgen else "mean accuracy")
     ax.set_ylim(-0.03, 1.03)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
-    ax.set_title(f"{_short(result.model.get('name', ''))}: accuracy vs cache memory", fontsize=10)
+    what = "long-generation fidelity" if longgen else "accuracy"
+    ax.set_title(f"{_short(result.model.get('name', ''))}: {what} vs cache memory", fontsize=10)
     fig.tight_layout()
     return fig
 
