@@ -112,3 +112,47 @@ def test_head_selection():
 def test_heads_outside_the_model_are_refused(tiny_llama):
     with pytest.raises(HeadprobeError, match="head 9-0: outside the model"):
         HeadAblation(tiny_llama.model, [(9, 0)])
+
+
+def test_interrupted_ablation_resumes_without_redoing_a_run(tiny_llama, tmp_path, monkeypatch):
+    import headprobe
+    import headprobe.eval.ablation as ablation
+    from headprobe.profile import Profile
+
+    shipped = Profile.load(headprobe.paths.shipped_profiles_dir() / "smollm2-135m.retrieval.json")
+    L, H = tiny_llama.identity.num_layers, tiny_llama.identity.num_query_heads
+    scores = torch.rand(L, H, generator=torch.Generator().manual_seed(0)).tolist()
+    obj = shipped.to_json()
+    obj["model"] = tiny_llama.identity.to_json()
+    g = tiny_llama.identity.group_size
+    obj["scores"] = {"query_heads": scores, "group_reduction": "mean",
+                     "kv_heads": [[float(np.mean(r[i * g:(i + 1) * g])) for i in range(len(r) // g)] for r in scores]}
+    obj.pop("fingerprint", None)
+    headprobe.atomic_write_json(tmp_path / "p.json", obj)
+    profile = Profile.load(tmp_path / "p.json")
+    items = headprobe.items_from_needles(headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:1])
+    args = (tiny_llama, profile, [2, 3], items, [300], [0.5], headprobe.load_haystack())
+    log = tmp_path / "a.runs.jsonl"
+    real, calls = ablation.needle_accuracy, []
+
+    def counting(lm, its, ctxs, heads, *rest):
+        calls.append(sorted(heads))
+        if len(calls) == 4:                  # baseline, top-2, random-2 done; interrupted in top-3
+            raise KeyboardInterrupt
+        return real(lm, its, ctxs, heads, *rest)
+
+    monkeypatch.setattr(ablation, "needle_accuracy", counting)
+    kw = dict(max_new_tokens=3, chat_template=False, log_path=log)
+    with pytest.raises(KeyboardInterrupt):
+        ablation.run_ablation(*args, **kw)
+    with pytest.raises(HeadprobeError, match="--resume"):
+        ablation.run_ablation(*args, **kw)
+    calls.clear()
+    result = ablation.run_ablation(*args, resume=True, **kw)
+    assert len(calls) == 2                   # only top-3 and random-3 ran
+    assert [r["k"] for r in result["rows"]] == [2, 3]
+    assert result["rows"][1]["top_heads"] == [f"{l}-{h}" for l, h in top_heads(np.array(scores), 3)]
+    monkeypatch.setattr(ablation, "needle_accuracy", real)
+    fresh = ablation.run_ablation(*args, max_new_tokens=3, chat_template=False)
+    assert fresh["baseline_accuracy"] == result["baseline_accuracy"]
+    assert [r["top_accuracy"] for r in fresh["rows"]] == [r["top_accuracy"] for r in result["rows"]]

@@ -33,7 +33,8 @@ def register(sub, formatter) -> None:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--out", default="eval/ablation.json")
     p.add_argument("--plot", default=None, help="PNG bars (default: beside --out); 'none' to skip")
-    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its run log")
+    p.add_argument("--force", action="store_true", help="start over, replacing --out and its run log")
     p.add_argument("--device", default=None)
     p.add_argument("--dtype", default="auto")
     p.set_defaults(func=run)
@@ -41,8 +42,10 @@ def register(sub, formatter) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    if out.exists() and not args.force:
-        raise HeadprobeError(f"{out} exists; pass --force to overwrite it")
+    log = out.with_name(out.stem + ".runs.jsonl")
+    if (out.exists() or log.exists()) and not (args.force or args.resume):
+        raise HeadprobeError(f"{out if out.exists() else log} exists; pass --resume to continue or --force to "
+                             "start over")
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
@@ -56,7 +59,8 @@ def run(args: argparse.Namespace) -> int:
         profile = headprobe.newest_profile(lm.identity, args.kind).profile
     progress = tqdm_progress(len(items) * len(args.lengths) * len(depths) * (1 + 2 * len(args.k)), "ablate")
     result = headprobe.run_ablation(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
-                                    args.seed, args.max_new_tokens, not args.no_chat_template, progress)
+                                    args.seed, args.max_new_tokens, not args.no_chat_template, progress,
+                                    log_path=log, resume=args.resume, force=args.force)
     result["needles"] = path
     headprobe.atomic_write_json(out, result)
     print(headprobe.format_ablation(result))

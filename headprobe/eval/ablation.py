@@ -14,6 +14,7 @@ import random
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -22,6 +23,7 @@ import torch
 from ..attention.registry import register_attention
 
 from ..errors import HeadprobeError
+from ..probes.triallog import TrialLog
 
 IMPLEMENTATION = "headprobe_ablate"
 
@@ -186,8 +188,12 @@ def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int,
 
 def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
                  haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True,
-                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[int], None] | None = None, log_path: str | Path | None = None,
+                 resume: bool = False, force: bool = False) -> dict[str, Any]:
     """Needle accuracy with no head masked, the profile's top-k query heads masked, and k random heads.
+
+    With ``log_path`` every finished run (baseline, top-k, random-k) is appended to a JSONL run log (the
+    trial-log format); ``resume`` continues it without redoing a finished run, ``force`` starts over.
 
     Returns
     -------
@@ -207,15 +213,35 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     pairs = [(it, build_context(lm.tokenizer, haystack, it.needle, L, d, chat_template, max_ctx,
                                 question=it.question)) for L in lengths for d in depths for it in items]
     its, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
-    base, base_trials = needle_accuracy(lm, its, ctxs, [], max_new_tokens, progress)
-    rows = []
     for k in ks:
         if k < 1 or k > scores.size:
             raise HeadprobeError(f"--k {k}: expected 1 to {scores.size} heads")
+    log = None
+    if log_path is not None:
+        settings = {"model": lm.identity.fingerprint, "profile": profile.fingerprint, "ks": list(ks),
+                    "items": [i.id for i in items], "lengths": list(lengths), "depths": list(depths), "seed": seed,
+                    "max_new_tokens": max_new_tokens, "chat_template": chat_template,
+                    "haystack": haystack.fingerprint, "headprobe_version": __version__}
+        log = TrialLog(log_path, settings, resume=resume, force=force)
+
+    def masked_run(run_id: str, heads: list[tuple[int, int]]) -> tuple[float, list]:
+        if log is not None and run_id in log:
+            if progress:
+                progress(len(its))
+            done = log.done[run_id]
+            return done["accuracy"], done["trials"]
+        acc, trials = needle_accuracy(lm, its, ctxs, heads, max_new_tokens, progress)
+        if log is not None:
+            log.append({"trial": run_id, "heads": [f"{l}-{h}" for l, h in heads], "accuracy": acc, "trials": trials})
+        return acc, trials
+
+    base, base_trials = masked_run("baseline", [])
+    rows = []
+    for k in ks:
         top = top_heads(scores, k)
         rnd = random_heads(scores.shape, k, seed + k, exclude=top)
-        top_acc, top_trials = needle_accuracy(lm, its, ctxs, top, max_new_tokens, progress)
-        rnd_acc, rnd_trials = needle_accuracy(lm, its, ctxs, rnd, max_new_tokens, progress)
+        top_acc, top_trials = masked_run(f"top-{k}", top)
+        rnd_acc, rnd_trials = masked_run(f"random-{k}", rnd)
         rows.append({"k": k, "top_heads": [f"{l}-{h}" for l, h in top], "top_accuracy": top_acc,
                      "random_heads": [f"{l}-{h}" for l, h in rnd], "random_accuracy": rnd_acc,
                      "top_trials": top_trials, "random_trials": rnd_trials})
