@@ -105,6 +105,26 @@ def test_ratio_and_map_budgets(tiny_llama):
     assert res.cache.kept_tokens()[0, 0, 0] == max(-(-int(real[0]) // 2), 8)
 
 
+def test_budget_map_on_sliding_layers_goes_to_the_cached_layers(tiny_gemma3):
+    """Sliding layers keep their window whatever the map says, so the map's mean per head is spent on the
+    full-attention layers only: a map and a uniform capacity then hold the same bytes."""
+    ident = tiny_gemma3.identity
+    L = ident.num_layers
+    cached = [i for i, t in enumerate(tiny_gemma3.model.config.layer_types) if t != "sliding_attention"]
+    assert 0 < len(cached) < L
+    raw = [[float(i + 1)] for i in range(L)]
+    total = sum(r[0] for r in raw)
+    bm = BudgetMap(model=ident, method={"allocator": "test"}, shares=[[r[0] / total] for r in raw],
+                   budgets=[[20]] * L)
+    text = ["The river ran past the old mill while the rain came down on the quiet town. " * 8]
+    by_map = generate_compressed(tiny_gemma3, text, policy="snapkv", budget=bm, capacity=12, max_new_tokens=1)
+    uniform = generate_compressed(tiny_gemma3, text, policy="snapkv", capacity=12, max_new_tokens=1)
+    kept_map, kept_uniform = by_map.cache.kept_tokens()[0], uniform.cache.kept_tokens()[0]
+    assert int(by_map.cache.prompt_lengths[0]) > 12 * len(cached)
+    assert int(kept_map[cached].sum()) == int(kept_uniform[cached].sum()) == 12 * len(cached)   # not 20, not Σ shares
+    assert by_map.cache.used_bytes() == uniform.cache.used_bytes()
+
+
 def test_distribute_sums_exactly_and_clamps():
     out = distribute(100, [1, 1, 1, 5], [10, 50, 50, 30])
     assert out.sum() == 100 and out[3] == 30 and out.max() <= 50

@@ -114,7 +114,9 @@ class MapBudget(BudgetSource):
 
     Each head gets the window, and the rest of the total (``capacity · layers · kv_heads`` when
     ``capacity`` is given, else the file's own total) is split by the file's ``shares``, clamped to the
-    prompt length with the excess redistributed (:func:`distribute`).
+    prompt length with the excess redistributed (:func:`distribute`). On models with sliding-window layers
+    (Gemma 3), which keep their window whatever the budget, the same mean per head is split over the
+    cached (full-attention) layers only, so a budget map and a uniform capacity hold the same bytes.
 
     Parameters
     ----------
@@ -159,16 +161,32 @@ class MapBudget(BudgetSource):
             total = bm.total
         from ..allocation.clamp import clamp_and_redistribute
 
-        shares = np.asarray(bm.shares, dtype=np.float64).ravel()
+        share_map = np.asarray(bm.shares, dtype=np.float64)
+        cached = [i for i, t in enumerate(cache.layer_types) if t != "sliding_attention"]
+        lengths = [int(n) for n in prompt_lengths.cpu().tolist()]
+        if len(cached) < shape[0]:
+            # Sliding-window layers keep their window whatever the budget says: what the file gives them would
+            # be lost, so the same mean per head goes to the cached layers only, split by their shares.
+            sub_shares = share_map[cached]
+            if sub_shares.sum() <= 0:
+                sub_shares = np.ones_like(sub_shares)
+            sub_heads = len(cached) * shape[1]
+            sub_total = int(round(total * sub_heads / heads))
+            unbounded = np.full(sub_heads, np.iinfo(np.int64).max // (4 * sub_heads), dtype=np.int64)
+            sub_target = (distribute(max(sub_total - window * sub_heads, 0), sub_shares.ravel(), unbounded)
+                          + window).reshape(len(cached), shape[1])
+            sub = clamp_and_redistribute(sub_target, lengths, window=window, weights=sub_shares)
+            out = np.full((len(lengths), *shape), max(window, 1), dtype=np.int64)
+            out[:, cached] = np.asarray(sub, dtype=np.int64).reshape(len(lengths), len(cached), shape[1])
+            return torch.as_tensor(out)
+        shares = share_map.ravel()
         if self.capacity is not None:
             # The file's distribution at the requested total: the window for every head, the rest by shares.
             unbounded = np.full(heads, np.iinfo(np.int64).max // (4 * heads), dtype=np.int64)
             target = (distribute(max(total - window * heads, 0), shares, unbounded) + window).reshape(shape)
         else:
             target = np.asarray(bm.budgets, dtype=np.int64)
-        lengths = [int(n) for n in prompt_lengths.cpu().tolist()]
-        clamped = clamp_and_redistribute(target, lengths, window=window,
-                                         weights=np.asarray(bm.shares, dtype=np.float64))
+        clamped = clamp_and_redistribute(target, lengths, window=window, weights=share_map)
         return torch.as_tensor(np.asarray(clamped, dtype=np.int64).reshape(len(lengths), *shape))
 
     def describe(self) -> str:
