@@ -15,7 +15,7 @@ from typing import Callable
 
 import torch
 
-from .registry import register_attention
+from .registry import attention_switched, register_attention
 
 from .rows import attention_rows
 
@@ -86,20 +86,19 @@ class RowRecorder:
     def __init__(self, model) -> None:
         self.model = model
         self.request: RowRequest | None = None
-        self._previous: str | None = None
+        self._switch = None
         self._token = None
 
     def __enter__(self) -> "RowRecorder":
         _register()
-        self._previous = self.model.config._attn_implementation
-        self.model.set_attn_implementation(IMPLEMENTATION)
+        self._switch = attention_switched(self.model, IMPLEMENTATION)
+        self._switch.__enter__()
         self._token = _ACTIVE.set(self)
         return self
 
     def __exit__(self, *exc) -> None:
         _ACTIVE.reset(self._token)
-        if self._previous:
-            self.model.set_attn_implementation(self._previous)
+        self._switch.__exit__(*exc)
 
     def _capture(self, module, query, key, scaling, sliding_window, softcap) -> None:
         request = self.request

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Callable
+import contextlib
+from typing import Any, Callable, Iterator
 
 
 def register_attention(name: str, forward: Callable, sdpa_masks: bool = True) -> None:
@@ -24,3 +25,15 @@ def register_attention(name: str, forward: Callable, sdpa_masks: bool = True) ->
         AttentionInterface.register(name, forward)
     if sdpa_masks and name not in ALL_MASK_ATTENTION_FUNCTIONS._global_mapping:
         AttentionMaskInterface.register(name, sdpa_mask)
+
+
+@contextlib.contextmanager
+def attention_switched(model: Any, name: str) -> Iterator[Any]:
+    """Switch ``model`` to the registered implementation ``name`` for the block, then restore the previous one."""
+    previous = model.config._attn_implementation
+    model.set_attn_implementation(name)
+    try:
+        yield model
+    finally:
+        if previous:
+            model.set_attn_implementation(previous)

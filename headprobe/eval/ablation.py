@@ -20,7 +20,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from ..attention.registry import register_attention
+from ..attention.registry import attention_switched, register_attention
 
 from ..errors import HeadprobeError
 from ..probes.triallog import TrialLog
@@ -124,20 +124,19 @@ class HeadAblation:
         for l, h in self.heads:
             self.by_layer.setdefault(l, []).append(h)
         self.return_weights = return_weights
-        self._previous: str | None = None
+        self._switch = None
         self._token = None
 
     def __enter__(self) -> "HeadAblation":
         _register()
-        self._previous = self.model.config._attn_implementation
-        self.model.set_attn_implementation(IMPLEMENTATION)
+        self._switch = attention_switched(self.model, IMPLEMENTATION)
+        self._switch.__enter__()
         self._token = _ACTIVE.set(self)
         return self
 
     def __exit__(self, *exc) -> None:
         _ACTIVE.reset(self._token)
-        if self._previous:
-            self.model.set_attn_implementation(self._previous)
+        self._switch.__exit__(*exc)
 
 
 def top_heads(scores: np.ndarray, k: int) -> list[tuple[int, int]]:

@@ -67,11 +67,9 @@ def check_layer_types(config: Any) -> None:
 @contextlib.contextmanager
 def headprobe_attention(model: Any) -> Iterator[Any]:
     """Switch ``model`` to the headprobe attention for the duration of the block, then restore it."""
+    from ..attention.registry import attention_switched
+
     register()
     check_layer_types(model.config)
-    previous = model.config._attn_implementation
-    model.set_attn_implementation(ATTENTION_NAME)
-    try:
+    with attention_switched(model, ATTENTION_NAME):
         yield model
-    finally:
-        model.set_attn_implementation(previous)
