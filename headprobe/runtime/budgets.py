@@ -161,33 +161,26 @@ class MapBudget(BudgetSource):
             total = bm.total
         from ..allocation.clamp import clamp_and_redistribute
 
-        share_map = np.asarray(bm.shares, dtype=np.float64)
+        # Sliding-window layers keep their window whatever the budget says: what a map gives them would be
+        # lost, so the same mean per head goes to the cached (full-attention) layers only, by their shares.
         cached = [i for i, t in enumerate(cache.layer_types) if t != "sliding_attention"]
-        lengths = [int(n) for n in prompt_lengths.cpu().tolist()]
-        if len(cached) < shape[0]:
-            # Sliding-window layers keep their window whatever the budget says: what the file gives them would
-            # be lost, so the same mean per head goes to the cached layers only, split by their shares.
-            sub_shares = share_map[cached]
-            if sub_shares.sum() <= 0:
-                sub_shares = np.ones_like(sub_shares)
-            sub_heads = len(cached) * shape[1]
+        shares = np.asarray(bm.shares, dtype=np.float64)[cached]
+        if shares.sum() <= 0:
+            shares = np.ones_like(shares)
+        sub_heads = len(cached) * shape[1]
+        if self.capacity is None and len(cached) == shape[0]:
+            target = np.asarray(bm.budgets, dtype=np.int64)          # the file's budgets as they are
+        else:
+            # The file's distribution at the requested total: the window for every head, the rest by shares.
             sub_total = int(round(total * sub_heads / heads))
             unbounded = np.full(sub_heads, np.iinfo(np.int64).max // (4 * sub_heads), dtype=np.int64)
-            sub_target = (distribute(max(sub_total - window * sub_heads, 0), sub_shares.ravel(), unbounded)
-                          + window).reshape(len(cached), shape[1])
-            sub = clamp_and_redistribute(sub_target, lengths, window=window, weights=sub_shares)
-            out = np.full((len(lengths), *shape), max(window, 1), dtype=np.int64)
-            out[:, cached] = np.asarray(sub, dtype=np.int64).reshape(len(lengths), len(cached), shape[1])
-            return torch.as_tensor(out)
-        shares = share_map.ravel()
-        if self.capacity is not None:
-            # The file's distribution at the requested total: the window for every head, the rest by shares.
-            unbounded = np.full(heads, np.iinfo(np.int64).max // (4 * heads), dtype=np.int64)
-            target = (distribute(max(total - window * heads, 0), shares, unbounded) + window).reshape(shape)
-        else:
-            target = np.asarray(bm.budgets, dtype=np.int64)
-        clamped = clamp_and_redistribute(target, lengths, window=window, weights=share_map)
-        return torch.as_tensor(np.asarray(clamped, dtype=np.int64).reshape(len(lengths), *shape))
+            target = (distribute(max(sub_total - window * sub_heads, 0), shares.ravel(), unbounded)
+                      + window).reshape(len(cached), shape[1])
+        lengths = [int(n) for n in prompt_lengths.cpu().tolist()]
+        clamped = clamp_and_redistribute(target, lengths, window=window, weights=shares)
+        out = np.full((len(lengths), *shape), max(window, 1), dtype=np.int64)
+        out[:, cached] = np.asarray(clamped, dtype=np.int64).reshape(len(lengths), len(cached), shape[1])
+        return torch.as_tensor(out)
 
     def describe(self) -> str:
         cap = f", rescaled to capacity {self.capacity}" if self.capacity else ""
