@@ -125,7 +125,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     """
     from .. import __version__
     from ..runtime import generate_compressed
-    from .grid import _cell_record, cell_log_path, resolve_budget
+    from .grid import _cell_record, cache_measurements, cell_log_path, resolve_budget
 
     import torch
 
@@ -154,9 +154,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
             text = res.texts[0]
             trials.append({"item": ex.id, "prompt_len": len(ids), "response": text, "gold": list(ex.answers),
                            "score": score_answer(text, list(ex.answers), "f1"),
-                           "cache_bytes": int(res.cache.memory_bytes()), "used_bytes": int(res.cache.used_bytes()),
-                           "full_cache_bytes": int(res.cache.full_cache_bytes()), "seconds": round(seconds, 4),
-                           "new_tokens": max(1, int(res.new_tokens.shape[1]))})
+                           **cache_measurements(res, seconds), "new_tokens": max(1, int(res.new_tokens.shape[1]))})
             if progress:
                 progress(1)
         record = _cell_record(s, max_length, None, trials)

@@ -125,10 +125,14 @@ def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetti
         "item": item.id, "prompt_len": context.length, "answer_span": list(context.answer_span),
         "actual_depth": round(context.actual_depth, 4), "response": text, "gold": item.gold,
         "score": score, **extra,
-        "cache_bytes": int(res.cache.memory_bytes()), "used_bytes": int(res.cache.used_bytes()),
-        "full_cache_bytes": int(res.cache.full_cache_bytes()), "seconds": round(seconds, 4),
-        "new_tokens": max(n_new, 1), "shared_prefill": prefill is not None,
+        **cache_measurements(res, seconds), "new_tokens": max(n_new, 1), "shared_prefill": prefill is not None,
     }
+
+
+def cache_measurements(res: Any, seconds: float) -> dict[str, Any]:
+    """A trial's real cache bytes (allocated, held, a full cache's) and its wall time."""
+    return {"cache_bytes": int(res.cache.memory_bytes()), "used_bytes": int(res.cache.used_bytes()),
+            "full_cache_bytes": int(res.cache.full_cache_bytes()), "seconds": round(seconds, 4)}
 
 
 def shares_prefill(setting: EvalSetting) -> bool:
