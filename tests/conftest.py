@@ -86,3 +86,25 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+def write_random_profile(lm: LoadedModel, kind: str, path, seed: int = 0) -> list[list[float]]:
+    """Write a ``kind`` profile of ``lm`` with random query-head scores (KV heads by group mean) to ``path``,
+    shaped like the shipped SmolLM2 profile of that kind; returns the ``[layers][query_heads]`` scores."""
+    import numpy as np
+
+    import headprobe
+    from headprobe.profile import Profile
+
+    shipped = Profile.load(headprobe.paths.shipped_profiles_dir() / f"smollm2-135m.{kind}.json")
+    L, H = lm.identity.num_layers, lm.identity.num_query_heads
+    scores = torch.rand(L, H, generator=torch.Generator().manual_seed(seed)).tolist()
+    g = lm.identity.group_size
+    obj = shipped.to_json()
+    obj["model"] = lm.identity.to_json()
+    obj["scores"] = {"query_heads": scores, "group_reduction": "mean",
+                     "kv_heads": [[float(np.mean(r[i * g:(i + 1) * g])) for i in range(len(r) // g)] for r in scores]}
+    obj.pop("fingerprint", None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    headprobe.atomic_write_json(path, obj)
+    return scores

@@ -117,18 +117,10 @@ def test_heads_outside_the_model_are_refused(tiny_llama):
 def test_interrupted_ablation_resumes_without_redoing_a_run(tiny_llama, tmp_path, monkeypatch):
     import headprobe
     import headprobe.eval.ablation as ablation
+    from conftest import write_random_profile
     from headprobe.profile import Profile
 
-    shipped = Profile.load(headprobe.paths.shipped_profiles_dir() / "smollm2-135m.retrieval.json")
-    L, H = tiny_llama.identity.num_layers, tiny_llama.identity.num_query_heads
-    scores = torch.rand(L, H, generator=torch.Generator().manual_seed(0)).tolist()
-    obj = shipped.to_json()
-    obj["model"] = tiny_llama.identity.to_json()
-    g = tiny_llama.identity.group_size
-    obj["scores"] = {"query_heads": scores, "group_reduction": "mean",
-                     "kv_heads": [[float(np.mean(r[i * g:(i + 1) * g])) for i in range(len(r) // g)] for r in scores]}
-    obj.pop("fingerprint", None)
-    headprobe.atomic_write_json(tmp_path / "p.json", obj)
+    scores = write_random_profile(tiny_llama, "retrieval", tmp_path / "p.json")
     profile = Profile.load(tmp_path / "p.json")
     items = headprobe.items_from_needles(headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:1])
     args = (tiny_llama, profile, [2, 3], items, [300], [0.5], headprobe.load_haystack())

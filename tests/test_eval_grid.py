@@ -153,20 +153,10 @@ def test_bad_settings_fail_before_any_trial(tiny_llama, tmp_path):
 
 def test_allocated_settings_use_their_profile(tiny_llama, tmp_path):
     """A head profile of the tiny model, found by kind: headkv budgets reach the cache and differ by head."""
-    from headprobe.profile import Profile
+    from conftest import write_random_profile
 
-    shipped = Profile.load(headprobe.paths.shipped_profiles_dir() / "smollm2-135m.retrieval_reasoning.json")
-    L, H = tiny_llama.identity.num_layers, tiny_llama.identity.num_query_heads
-    scores = torch.rand(L, H, generator=torch.Generator().manual_seed(0)).tolist()
-    obj = shipped.to_json()
-    obj["model"] = tiny_llama.identity.to_json()
-    g = tiny_llama.identity.group_size
-    obj["scores"] = {"query_heads": scores, "group_reduction": obj["scores"]["group_reduction"],
-                     "kv_heads": [[max(r[i * g:(i + 1) * g]) for i in range(len(r) // g)] for r in scores]}
-    obj.pop("fingerprint", None)
-    (tmp_path / "profiles").mkdir()
     path = tmp_path / "profiles" / "tiny.retrieval_reasoning.json"
-    headprobe.atomic_write_json(path, obj)
+    write_random_profile(tiny_llama, "retrieval_reasoning", path)
     req = _request(settings=(f"snapkv:headkv:{path}",), needles=1)
     result = run_eval(tiny_llama, req, tmp_path / "h.json")
     assert result.complete and result.settings[0]["allocation"] == "headkv"
