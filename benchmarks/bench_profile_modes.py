@@ -1,7 +1,9 @@
 """Fast versus reference profiling mode on the same trials, in one run.
 
-Prints, per length: seconds per trial and peak memory of each mode, their ratio, the Spearman
-correlation of the two score maps over all heads and the overlap of their top-10 heads.
+Prints, per length: seconds per trial and peak memory of each mode, each mode's speed-up over the
+reference mode, the Spearman correlation of its score map with the reference's over all heads and the
+overlap of their top-10 heads. ``fast-masked`` is fast mode with its prompt forward run as one masked
+SDPA call instead of the prefix/suffix split (to measure what the split gains).
 
     python benchmarks/bench_profile_modes.py --lengths 1000 2000 4000 --probe retrieval_reasoning
     python benchmarks/bench_profile_modes.py --model /path/to/7b --device cuda --lengths 8000
@@ -39,20 +41,23 @@ def main() -> None:
     parser.add_argument("--needles", nargs="+", help="needle ids (default: all of the probe's set)")
     parser.add_argument("--gate", default="likelihood", choices=["published", "likelihood"])
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", default=["reference", "fast"],
+                        choices=["reference", "fast", "fast-masked"])
     args = parser.parse_args()
 
     loaded = headprobe.load_model(args.model, device=args.device)
     device = str(loaded.device)
     print(f"model {loaded.identity.name} on {device}, torch threads {torch.get_num_threads()}")
-    print(f"{'length':>6} {'mode':>9} {'trials':>6} {'passed':>6} {'s/trial':>8} {'peak MB':>8}")
+    print(f"{'length':>6} {'mode':>11} {'trials':>6} {'passed':>6} {'s/trial':>8} {'peak MB':>8}")
     for length in args.lengths:
         maps = {}
         seconds = {}
-        for mode in ("reference", "fast"):
+        for mode in args.modes:
             out = Path(tempfile.mkdtemp(prefix=f"bench-{mode}-"))
             request = headprobe.ProfileRequest(
                 probes=[args.probe], lengths=[length], depths=headprobe.probe_grid.parse_depths(args.depths),
-                out_dir=out, mode=mode, needle_ids=args.needles, gate=args.gate, batch_size=args.batch_size)
+                out_dir=out, mode=mode.split("-")[0], needle_ids=args.needles, gate=args.gate,
+                batch_size=args.batch_size, split_attention=mode != "fast-masked")
             if device.startswith("cuda"):
                 torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
@@ -63,14 +68,16 @@ def main() -> None:
             _, records = headprobe.read_log(result.logs[0])
             passed = sum(1 for r in records if r["gates"].get("likelihood" if args.probe == "retrieval_reasoning"
                                                                and args.gate == "likelihood" else "published"))
-            print(f"{length:>6} {mode:>9} {trials:>6} {passed:>6} {seconds[mode]:>8.2f} {peak_memory_mb(device):>8.0f}")
+            print(f"{length:>6} {mode:>11} {trials:>6} {passed:>6} {seconds[mode]:>8.2f} {peak_memory_mb(device):>8.0f}")
             profile = out / f"{headprobe.probes_model_slug(loaded.identity.name)}.{args.probe}.json"
             if profile.exists():
                 maps[mode] = np.array(headprobe.Profile.load(profile).query_heads).ravel()
-        if len(maps) == 2:
-            rho = spearmanr(maps["fast"], maps["reference"])[0]
-            top = len(set(np.argsort(-maps["fast"])[:10]) & set(np.argsort(-maps["reference"])[:10]))
-            print(f"{length:>6} speed-up {seconds['reference'] / seconds['fast']:.2f}x; "
+        for mode in maps:
+            if mode == "reference" or "reference" not in maps:
+                continue
+            rho = spearmanr(maps[mode], maps["reference"])[0]
+            top = len(set(np.argsort(-maps[mode])[:10]) & set(np.argsort(-maps["reference"])[:10]))
+            print(f"{length:>6} {mode}: speed-up {seconds['reference'] / seconds[mode]:.2f}x; "
                   f"Spearman {rho:.3f}; top-10 overlap {top}/10")
 
 

@@ -17,6 +17,7 @@ import torch
 
 from .registry import attention_switched, register_attention
 
+from .prefix_split import prefix_split_attention, prefix_split_supported
 from .rows import attention_rows
 
 IMPLEMENTATION = "headprobe_rows"
@@ -49,6 +50,11 @@ class RowRequest:
     key_positions
         ``[batch, keys_total]`` absolute positions of all cache entries after this forward, when they are
         not ``0 .. keys_total-1``; the callback then receives ``[batch, keys]`` key positions.
+    prefix_visible
+        The caller's promise that every query of this forward sees all ``block_start`` cached keys and the
+        forward's own keys causally (no padding except at the right end). Layers that allow it then run
+        :func:`~headprobe.attention.prefix_split.prefix_split_attention` instead of masked SDPA: the same
+        output for less work.
     """
 
     positions: torch.Tensor
@@ -57,13 +63,22 @@ class RowRequest:
     key_mask: torch.Tensor | None = None
     query_index: torch.Tensor | None = None
     key_positions: torch.Tensor | None = None
+    prefix_visible: bool = False
 
 
 def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     recorder = _ACTIVE.get()
+    request = recorder.request if recorder is not None else None
+    if (request is not None and request.prefix_visible and query.shape[2] > 1
+            and key.shape[2] == request.block_start + query.shape[2] and not kwargs.get("s_aux")
+            and prefix_split_supported(query, kwargs.get("sliding_window"), kwargs.get("softcap"), dropout)):
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        out = (prefix_split_attention(query, key, value, request.block_start, scale), None)
+    else:
+        out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
+                                     **kwargs)
     if recorder is not None and recorder.request is not None:
         recorder._capture(module, query, key, scaling, kwargs.get("sliding_window"), kwargs.get("softcap"))
     return out

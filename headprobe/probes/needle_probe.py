@@ -45,6 +45,10 @@ class NeedleProbeConfig:
         Reasoning needles: ``"published"`` (QA-F1 of the decoded answer; the decoded steps are scored) or
         ``"likelihood"`` (correct candidate more likely than the distractor; the steps that produce the
         correct candidate after the prompt are scored, in both modes).
+    split_attention
+        Fast mode: run the prompt forward's attention as an unmasked pass over the cached prefix plus a
+        causal pass over the rest, merged by log-sum-exp (:mod:`headprobe.attention.prefix_split`; CPU,
+        global-attention layers). ``False`` runs one masked SDPA call; the results agree to float rounding.
     """
 
     mode: str = "fast"
@@ -52,6 +56,7 @@ class NeedleProbeConfig:
     batch_size: int = 4
     max_new_tokens: int = 24
     gate: str = "published"
+    split_attention: bool = True
 
 
 def _score_names(kind: str) -> tuple[str, ...]:
@@ -299,7 +304,10 @@ def _fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[Trial
     The prompts run in one forward (right-padded); the first response step's rows and logits come from
     it. Each response variant (the bare answer, the restated sentence, a reasoning needle's distractor)
     then runs as a short continuation on the same cache, which is cut back after each variant, so a
-    variant costs its few tokens instead of another pass over the prompt.
+    variant costs its few tokens instead of another pass over the prompt. The prompt forward's
+    attention is split into a pass over the cached prefix and a causal pass over the suffix
+    (``config.split_attention``): the prefix is shared by the whole batch and the suffixes are
+    right-padded, which is what that split needs.
     """
     from transformers import DynamicCache
 
@@ -355,7 +363,8 @@ def _fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[Trial
 
     keep_local = sorted({int(p) - prefix for p in first.flatten().tolist()})
     with RowRecorder(model) as rec:
-        rec.request = RowRequest(first.to(device), prefix, keep, key_mask=attention.bool().to(device))
+        rec.request = RowRequest(first.to(device), prefix, keep, key_mask=attention.bool().to(device),
+                                 prefix_visible=config.split_attention)
         out = model(input_ids=input_ids.to(device), attention_mask=attention.to(device), past_key_values=cache,
                     use_cache=True, position_ids=torch.arange(prefix, total, device=device)[None].expand(batch, -1),
                     logits_to_keep=torch.tensor(keep_local, device=device))

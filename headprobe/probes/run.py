@@ -50,6 +50,9 @@ class ProfileRequest:
         Layer-retention task types (``None``: all shipped) and samples per task.
     name
         File-name stem for logs and profiles (default: from the model name).
+    split_attention
+        Fast mode: split the prompt forward's attention into a pass over the cached prefix and a causal
+        pass over the suffix (see :class:`~headprobe.probes.needle_probe.NeedleProbeConfig`).
     """
 
     probes: list[str]
@@ -69,6 +72,7 @@ class ProfileRequest:
     tasks: list[str] | None = None
     samples_per_task: int | None = None
     retention: RetentionConfig = field(default_factory=RetentionConfig)
+    split_attention: bool = True
     resume: bool = False
     force: bool = False
     shard: tuple[int, int] | None = None
@@ -184,7 +188,7 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
             bar = progress(len(todo), f"{stem} {'+'.join(probes_here)} ({request.mode})") if progress else None
             config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
                                        batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
-                                       gate=settings["gate"])
+                                       gate=settings["gate"], split_attention=request.split_attention)
             counter = {"n": 0}
 
             def on_trial(record: dict[str, Any]) -> None:
