@@ -56,13 +56,19 @@ def prefix_split_attention(query: torch.Tensor, key: torch.Tensor, value: torch.
     if key.shape[2] != prefix + block:
         raise ValueError(f"keys: expected prefix + block = {prefix + block}, got {key.shape[2]}")
     group = q_heads // kv_heads
-    if group > 1:
-        key = key.repeat_interleave(group, dim=1)
-        value = value.repeat_interleave(group, dim=1)
-    out_block, lse_block = flash(query, key[:, :, prefix:], value[:, :, prefix:], 0.0, True, scale=scaling)[:2]
+    block_key, block_value = key[:, :, prefix:], value[:, :, prefix:]
+    if group > 1:  # the causal pass needs one key head per query head; the block is the short part
+        block_key = block_key.repeat_interleave(group, dim=1)
+        block_value = block_value.repeat_interleave(group, dim=1)
+    out_block, lse_block = flash(query, block_key, block_value, 0.0, True, scale=scaling)[:2]
     if prefix == 0:
         return out_block.transpose(1, 2).contiguous()
-    out_prefix, lse_prefix = flash(query, key[:, :, :prefix], value[:, :, :prefix], 0.0, False, scale=scaling)[:2]
+    # Unmasked, the prefix pass can stack a KV head's query heads along the query axis instead of
+    # repeating the (long) prefix keys: query head h reads KV head h // group.
+    stacked = query.reshape(batch, kv_heads, group * block, head_dim)
+    out_prefix, lse_prefix = flash(stacked, key[:, :, :prefix], value[:, :, :prefix], 0.0, False, scale=scaling)[:2]
+    out_prefix = out_prefix.reshape(batch, q_heads, block, head_dim)
+    lse_prefix = lse_prefix.reshape(batch, q_heads, block)
     top = torch.maximum(lse_prefix, lse_block)
     w_prefix = torch.exp(lse_prefix - top)[..., None]            # [b, h, block, 1]
     w_block = torch.exp(lse_block - top)[..., None]
