@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from ..attention.registry import attention_switched, register_attention
-
 from ..errors import HeadprobeError
+from ..models.loading import transformers_model
 from ..probes.triallog import TrialLog
 
 IMPLEMENTATION = "headprobe_ablate"
@@ -112,7 +112,7 @@ class HeadAblation:
     """
 
     def __init__(self, model: Any, heads: Iterable[tuple[int, int]], return_weights: bool = False) -> None:
-        self.model = getattr(model, "model", model) if hasattr(model, "identity") else model
+        self.model = transformers_model(model)
         cfg = self.model.config
         cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
         layers, qheads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)

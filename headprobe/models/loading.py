@@ -48,6 +48,22 @@ class LoadedModel:
         return next(self.model.parameters()).device
 
 
+def transformers_model(model: Any) -> Any:
+    """The transformers model inside a :class:`LoadedModel`, or ``model`` itself when it is one already."""
+    return getattr(model, "model", model) if hasattr(model, "identity") else model
+
+
+def generation_eos_ids(hf_model: Any, tokenizer: Any = None) -> set[int]:
+    """The end-of-sequence ids ``generate`` stops at: the generation config's, else the tokenizer's."""
+    config = getattr(hf_model, "generation_config", None)
+    eos = getattr(config, "eos_token_id", None) if config is not None else None
+    if eos is None and tokenizer is not None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return set()
+    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
+
+
 @dataclass(frozen=True)
 class ResolvedModel:
     """Where a ``--model`` argument points."""

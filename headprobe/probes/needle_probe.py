@@ -21,6 +21,7 @@ from ..attention import RowRecorder, RowRequest
 from ..haystack.context import TrialContext, build_context, common_prefix_length, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
+from ..models.loading import generation_eos_ids
 from .gates import qa_f1, rouge1_recall
 from .grid import TrialSpec
 from .scoring import copy_scores, reasoning_scores
@@ -68,9 +69,8 @@ def _answer_tokens(tokenizer, text: str) -> list[int]:
 
 
 def _eos_ids(loaded) -> set[int]:
-    ids = loaded.model.generation_config.eos_token_id if loaded.model.generation_config else None
-    ids = ids if isinstance(ids, list) else [ids]
-    ids = {i for i in ids if i is not None}
+    """Where a reference-mode answer ends: ``generate``'s end-of-sequence ids and the tokenizer's."""
+    ids = generation_eos_ids(loaded.model)
     if loaded.tokenizer.eos_token_id is not None:
         ids.add(loaded.tokenizer.eos_token_id)
     return ids

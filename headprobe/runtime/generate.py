@@ -9,6 +9,7 @@ import torch
 
 from ..budget import BudgetMap
 from ..errors import HeadprobeError
+from ..models.loading import transformers_model
 from .attention import headprobe_attention
 from .budgets import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
@@ -141,7 +142,7 @@ def prepare_inputs(model: Any, prompts: str | list[str] | None, tokenizer: Any, 
                    attention_mask: torch.Tensor | None, chat: bool) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
     """``(hf_model, tokenizer, input_ids, attention_mask)`` on the model's device, prompts left-padded."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
-    hf_model = getattr(model, "model", model) if hasattr(model, "identity") else model
+    hf_model = transformers_model(model)
     device = next(hf_model.parameters()).device
     if input_ids is None:
         if tokenizer is None or prompts is None:
@@ -167,7 +168,7 @@ def new_cache(model: Any, policy: str | Policy, budget: BudgetSource | BudgetMap
               max_new_tokens: int, attention_mask: torch.Tensor) -> CompressedCache:
     """An empty :class:`CompressedCache` for ``model`` from the budget arguments of :func:`generate_compressed`."""
     identity = getattr(model, "identity", None)
-    hf_model = getattr(model, "model", model) if hasattr(model, "identity") else model
+    hf_model = transformers_model(model)
     pol = make_policy(policy, **(policy_options or {}))
     if budget is None and capacity is not None and ratio is None:
         budget = capacity

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import HeadprobeError
+from ..models.loading import generation_eos_ids, transformers_model
 from .attention import headprobe_attention
 from .cache import CompressedCache, LayerSlot
 from .generate import GenerationResult, finish, new_cache, prepare_inputs
@@ -179,7 +180,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     HeadprobeError
         A policy whose prefill is not plain attention (KeyDiff), or sampling / logits processors.
     """
-    hf_model = getattr(model, "model", model) if hasattr(model, "identity") else model
+    hf_model = transformers_model(model)
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_greedy(hf_model, generate_kwargs)
     if max_new_tokens < 1:
@@ -189,7 +190,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     cache.compress_prompt(prefill.layers)
     first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.dtype)          # [batch, 1]
     sequences = torch.cat([ids, first], 1)
-    eos = _eos_ids(hf_model, tokenizer)
+    eos = generation_eos_ids(hf_model, tokenizer)
     if max_new_tokens > 1 and not all(int(t) in eos for t in first[:, 0]):
         kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens - 1, **generate_kwargs}
         if tokenizer is not None and tokenizer.pad_token_id is not None:
@@ -203,12 +204,3 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
                 sequences[done, ids.shape[1] + 1:] = pad
     return finish(tokenizer, sequences, ids.shape[1], cache)
 
-
-def _eos_ids(hf_model: Any, tokenizer: Any) -> set[int]:
-    config = getattr(hf_model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None) if config is not None else None
-    if eos is None and tokenizer is not None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return set()
-    return {int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])}
