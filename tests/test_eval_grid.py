@@ -70,13 +70,22 @@ def test_shared_prefill_gives_the_same_cells_as_separate_runs(tiny_llama, tmp_pa
             assert ta["shared_prefill"] == (a["setting"] != "keydiff@16") and not tb["shared_prefill"]
 
 
-def test_long_generation_is_scored_against_the_full_cache(tiny_llama, tmp_path):
+def test_long_generation_is_scored_against_the_full_cache(tiny_llama, tmp_path, monkeypatch):
+    import headprobe.eval.grid as grid
     from headprobe.eval import items_from_longgen
 
     needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:1]
-    req = EvalRequest(expand_settings(["full", "morphkv", "keepkv"], [40]), items_from_longgen(needles), [300],
+    req = EvalRequest(expand_settings(["keepkv", "full", "morphkv"], [40]), items_from_longgen(needles), [300],
                       [0.5], headprobe.load_haystack(), {"kind": "longgen"}, max_new_tokens=40, chat_template=False)
+    real, full_runs = grid.run_trial, []
+
+    def counting(lm, ctx, item, setting, *rest, **kw):
+        full_runs.extend([setting.label] if setting.policy == "full" else [])
+        return real(lm, ctx, item, setting, *rest, **kw)
+
+    monkeypatch.setattr(grid, "run_trial", counting)
     result = run_eval(tiny_llama, req, tmp_path / "long.json")
+    assert full_runs == ["full"]      # the full setting's answer is the reference; it is not generated twice
     by = {c["setting"]: c for c in result.cells}
     full = by["full"]["trials"][0]
     assert full["reference"] == full["response"] and by["full"]["accuracy"] == 1.0

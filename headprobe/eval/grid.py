@@ -95,7 +95,8 @@ def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetti
 
     With ``prefill`` (a :class:`~headprobe.runtime.RecordedPrefill` of this prompt) the prompt forward is
     not run again; the time reported still includes it, as if this setting had run alone. ``reference``
-    is the full cache's answer, which ``fidelity`` items are scored against.
+    is the full cache's answer, which ``fidelity`` items are scored against; the ``full`` setting's own
+    answer is that reference when none is given.
     """
     from ..runtime import generate_compressed, generate_from_prefill
 
@@ -115,6 +116,8 @@ def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetti
     n_new = len(new) if eos is None or eos not in new else new.index(eos) + 1
     extra: dict[str, Any] = {}
     if item.scorer == "fidelity":
+        if reference is None and setting.policy == "full":
+            reference = text
         if reference is None:
             raise HeadprobeError(f"item {item.id}: fidelity scoring needs the full cache's answer")
         extra = {"reference": reference, "needle_recall": round(score_answer(text, item.gold, "rouge"), 4)}
@@ -241,14 +244,17 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
                 ctx = context(item, L, d)
                 prefill = record_prefill(lm, input_ids=torch.tensor([ctx.input_ids])) if share else None
                 reference = None
-                if item.scorer == "fidelity":      # the full cache's answer, which the others are scored against
-                    full = EvalSetting("reference", "full")
-                    reference = run_trial(lm, ctx, EvalItem(item.id, item.needle, item.question, item.gold, "rouge"),
-                                          full, None, request.max_new_tokens, prefill=prefill)["response"]
-                for s in todo:
+                if item.scorer == "fidelity" and not any(s.policy == "full" for s in todo):
+                    # the full cache's answer, which the others are scored against, when no setting gives it
+                    reference = run_trial(lm, ctx, item, EvalSetting("reference", "full"), None,
+                                          request.max_new_tokens, prefill=prefill)["response"]
+                for s in sorted(todo, key=lambda s: s.policy != "full"):     # the full cache first: the reference
                     use = prefill if prefill is not None and shares_prefill(s) else None
-                    trials[s.label].append(run_trial(lm, ctx, item, s, budgets[s.label], request.max_new_tokens,
-                                                     prefill=use, reference=reference))
+                    trial = run_trial(lm, ctx, item, s, budgets[s.label], request.max_new_tokens, prefill=use,
+                                      reference=reference)
+                    trials[s.label].append(trial)
+                    if item.scorer == "fidelity" and reference is None:
+                        reference = trial["response"]
                     if progress:
                         progress(1)
                 del prefill
