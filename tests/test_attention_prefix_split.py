@@ -11,7 +11,6 @@ import torch.nn.functional as F
 
 import conftest
 from headprobe.attention import RowRecorder, RowRequest
-from headprobe.attention import prefix_split as split_module
 from headprobe.attention.prefix_split import prefix_split_attention
 
 
@@ -79,9 +78,8 @@ def test_prompt_forward_with_split_attention_matches_masked(maker, split_layers)
     suffix_ids = torch.randint(3, 300, (2, 25))
     pads = [0, 6]
     plain_logits, plain_rows = _prompt_forward(lm, prefix_ids, suffix_ids, pads, prefix_visible=False)
-    with mock.patch.object(split_module, "prefix_split_attention", wraps=prefix_split_attention) as spy:
-        with mock.patch("headprobe.attention.recorder.prefix_split_attention", spy):
-            split_logits, split_rows = _prompt_forward(lm, prefix_ids, suffix_ids, pads, prefix_visible=True)
+    with mock.patch("headprobe.attention.recorder.prefix_split_attention", wraps=prefix_split_attention) as spy:
+        split_logits, split_rows = _prompt_forward(lm, prefix_ids, suffix_ids, pads, prefix_visible=True)
     # the split ran on the global-attention layers only (Gemma 3's sliding layers keep masked SDPA)
     assert spy.call_count == split_layers
     for a, b in zip(plain_logits, split_logits):

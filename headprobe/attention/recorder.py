@@ -15,9 +15,8 @@ from typing import Callable
 
 import torch
 
-from .registry import attention_switched, register_attention
-
 from .prefix_split import prefix_split_attention, prefix_split_supported
+from .registry import attention_switched, register_attention
 from .rows import attention_rows
 
 IMPLEMENTATION = "headprobe_rows"
@@ -79,7 +78,7 @@ def _rows_attention(module, query, key, value, attention_mask, scaling=None, dro
     else:
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                      **kwargs)
-    if recorder is not None and recorder.request is not None:
+    if request is not None:
         recorder._capture(module, query, key, scaling, kwargs.get("sliding_window"), kwargs.get("softcap"))
     return out
 
