@@ -61,12 +61,6 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
-def _options(items: list[str]) -> dict:
-    from .cmd_generate import _parse_options
-
-    return _parse_options(items)
-
-
 def _fields(text: str) -> dict[str, str]:
     out = {"context": "context", "question": "input", "answers": "answers"}
     for part in text.split(","):
@@ -90,7 +84,7 @@ def _lazy_progress(total: int, description: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    settings = headprobe.expand_settings(args.settings, args.capacities, _options(args.option),
+    settings = headprobe.expand_settings(args.settings, args.capacities, headprobe.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
     for s in settings:   # bad policy options fail before the model loads
         headprobe.make_policy(s.policy, **s.options)

@@ -39,10 +39,6 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
-def _parse_options(items: list[str]) -> dict:
-    return headprobe.parse_policy_options(items)
-
-
 def _prompt(args: argparse.Namespace) -> str:
     if args.prompt_file:
         try:
@@ -63,7 +59,7 @@ def _mib(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     prompt = _prompt(args)
-    options = _parse_options(args.option)
+    options = headprobe.parse_policy_options(args.option)
     policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
     budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
