@@ -1,6 +1,6 @@
 """headprobe: profile attention heads and layers, allocate KV-cache budgets, apply them in generate."""
 
-from .budget import BudgetMap
+from .budget_map import BudgetMap
 from .errors import FileFormatError, HeadprobeError, ModelMismatchError, NoPassingTrialsError
 from .models import DEFAULT_MODEL, MODELS, LoadedModel, ModelIdentity, load_model, model_identity, resolve_model
 from .profile import LayerRetention, Profile, reduce_groups
@@ -21,16 +21,16 @@ __all__ += ["allocate", "clamp_and_redistribute", "import_file", "newest_profile
 
 # profiling (needle probes, layer retention, trial logs)
 from .haystack import Needle, load_haystack, load_needles, load_tasks  # noqa: E402
-from .probes import grid as probe_grid  # noqa: E402
+from .probes import trial_grid as probe_grid  # noqa: E402
 from .probes.retention import RetentionConfig  # noqa: E402
 from .probes.run import PROBES, ProfileRequest, ProfileResult, merge_profile_logs, run_profile  # noqa: E402
 from .probes.run import model_slug as probes_model_slug  # noqa: E402
-from .probes.triallog import read_log  # noqa: E402
+from .files.trial_log import read_log  # noqa: E402
 
 __all__ += ["Needle", "PROBES", "ProfileRequest", "ProfileResult", "RetentionConfig", "load_haystack",
             "load_needles", "load_tasks", "merge_profile_logs", "probe_grid", "probes_model_slug", "read_log",
             "run_profile"]
-from .inspect import summarize_file  # noqa: E402
+from .file_summary import summarize_file  # noqa: E402
 
 __all__ += ["summarize_file"]
 
@@ -48,15 +48,14 @@ __all__ += ["CompressedCache", "DynamicKV", "Full", "GenerationResult", "KeepKV"
 
 # evaluation (needle / bAbI-style grids, outside QA datasets, head ablation)
 from .eval import (BABI_TASKS, EvalItem, EvalRequest, EvalResult, EvalSetting, HeadAblation,  # noqa: E402
-                   ablation_bars, accuracy_vs_memory, cell_log_path, expand_settings, format_ablation,
+                   cell_log_path, expand_settings, format_ablation,
                    generate_questions, items_from_babi, items_from_longgen, items_from_needles, load_qa_dataset,
-                   needle_grid,
                    random_heads, run_ablation, run_dataset_eval, run_eval, top_heads)
 from .eval import PRESETS as EVAL_PRESETS  # noqa: E402
 from .eval import format_summary as format_eval_summary  # noqa: E402
 from .haystack.needles import shipped_needle_file  # noqa: E402
-from .jsonio import atomic_write_json, check_writable_dir  # noqa: E402
-from .plots.figures import save_figure  # noqa: E402
+from .files.jsonio import atomic_write_json, check_writable_dir  # noqa: E402
+from .plots import ablation_bars, accuracy_vs_memory, needle_grid, save_figure  # noqa: E402
 
 __all__ += ["BABI_TASKS", "EVAL_PRESETS", "EvalItem", "EvalRequest", "EvalResult", "EvalSetting", "HeadAblation",
             "ablation_bars", "accuracy_vs_memory", "atomic_write_json", "cell_log_path", "check_writable_dir", "expand_settings",

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import FileFormatError
-from .jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
+from .files.jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
 from .models.identity import ModelIdentity
 
 PROFILE_FORMAT = "headprobe.profile"

@@ -12,7 +12,7 @@ from headprobe import HeadprobeError, Profile
 from headprobe.attention import RowRecorder, RowRequest
 from headprobe.errors import FileFormatError
 from headprobe.models.identity import ModelIdentity
-from headprobe.probes.triallog import TrialLog, read_log
+from headprobe.files.trial_log import TrialLog, read_log
 
 
 def _identity() -> ModelIdentity:
@@ -59,7 +59,7 @@ def test_remote_code_refused_without_flag(tmp_path):
 
 
 def test_unwritable_output_dir(tmp_path):
-    from headprobe.jsonio import check_writable_dir
+    from headprobe.files.jsonio import check_writable_dir
 
     blocker = tmp_path / "file"
     blocker.write_text("x")

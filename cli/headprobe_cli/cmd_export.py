@@ -32,11 +32,11 @@ def register(sub, formatter) -> None:
 
 def run(args) -> int:
     from headprobe.interop import write_duoattention, write_headkv_json, write_layer_list
-    from headprobe.jsonio import read_json
+    from headprobe.files.jsonio import read_json
 
     obj = read_json(args.input)
     fmt = obj.get("format") if isinstance(obj, dict) else None
-    if fmt == "headprobe.budget":
+    if fmt == "headprobe.budget_map":
         src = hp.BudgetMap.load(args.input)
     elif fmt == "headprobe.profile":
         src = hp.Profile.load(args.input)

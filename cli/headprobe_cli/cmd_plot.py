@@ -27,7 +27,7 @@ def register(sub, formatter) -> None:
 
 
 def run(args) -> int:
-    from headprobe.jsonio import read_json
+    from headprobe.files.jsonio import read_json
     from headprobe.plots import budget_heatmap, compare_heatmaps, head_heatmap, retention_curves, save_figure
 
     if len(args.inputs) > 2:
@@ -36,7 +36,7 @@ def run(args) -> int:
     for path in args.inputs:
         obj = read_json(path)
         fmt = obj.get("format") if isinstance(obj, dict) else None
-        if fmt == "headprobe.budget":
+        if fmt == "headprobe.budget_map":
             objs.append(hp.BudgetMap.load(path))
         elif fmt == "headprobe.profile":
             objs.append(hp.Profile.load(path))

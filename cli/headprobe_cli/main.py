@@ -1,7 +1,8 @@
 """Entry point of the ``headprobe`` command.
 
 Each subcommand lives in its own module with ``register(subparsers)``; the module sets
-``func=run`` on its parser. Errors derived from :class:`headprobe.HeadprobeError` are printed as one line
+``func=run`` on its parser, and may name in ``FLAGS`` the flags whose names differ from the library
+parameters they set (errors raised while the command runs spell parameters as its flags). Errors derived from :class:`headprobe.HeadprobeError` are printed as one line
 (``headprobe: error: ...``) with exit status 2; ``--debug`` shows the traceback instead.
 """
 
@@ -12,6 +13,7 @@ import importlib
 import sys
 
 import headprobe
+from headprobe.errors import flag_spelling
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -45,8 +47,10 @@ def main(argv: list[str] | None = None) -> int:
     if not getattr(args, "func", None):
         parser.print_help()
         return 2
+    module = importlib.import_module(f"headprobe_cli.cmd_{args.command}")
     try:
-        result = args.func(args)
+        with flag_spelling(getattr(module, "FLAGS", {})):
+            result = args.func(args)
     except headprobe.HeadprobeError as exc:
         if args.debug:
             raise

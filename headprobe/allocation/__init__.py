@@ -19,7 +19,7 @@ from .api import (
 from .clamp import clamp_and_redistribute, clamp_for_model, scale_to_prompt
 from .combined import allocate_combined, split_layer_pools
 from .common import Capacity, largest_remainder, prepare_scores, resolve_capacity
-from .dynamickv import allocate_dynamickv, parse_task_mix, retention_shares
+from .dynamickv_offline import allocate_dynamickv, parse_task_mix, retention_shares
 from .headkv import allocate_headkv, headkv_budgets, headkv_compat_budgets, headkv_floor
 from .pyramid import allocate_pyramid, pyramid_layer_weights
 from .uniform import allocate_uniform

@@ -8,13 +8,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError
 from ..models.identity import ModelIdentity
 from ..paths import shipped_profiles_dir
 from ..profile import Profile
 from .combined import allocate_combined
-from .dynamickv import allocate_dynamickv
+from .dynamickv_offline import allocate_dynamickv
 from .headkv import allocate_headkv
 from .pyramid import DEFAULT_PYRAMID_BETA, allocate_pyramid
 from .uniform import allocate_uniform

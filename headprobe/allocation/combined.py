@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from ..profile import Profile
@@ -27,7 +27,7 @@ from .common import (
     resolve_capacity,
     source_entry,
 )
-from .dynamickv import layer_pools, retention_shares
+from .dynamickv_offline import layer_pools, retention_shares
 
 
 def split_layer_pools(pools: np.ndarray, scores: np.ndarray, beta: float) -> np.ndarray:

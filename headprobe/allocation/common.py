@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from ..profile import GROUP_REDUCTIONS, Profile, reduce_groups

@@ -12,12 +12,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from .clamp import clamp_for_model
 from .common import build_budget_map, largest_remainder, method_block, resolve_capacity
-from .dynamickv import spread_evenly
+from .dynamickv_offline import spread_evenly
 
 DEFAULT_PYRAMID_BETA = 20.0
 

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..models.identity import ModelIdentity
 from .clamp import clamp_for_model
 from .common import build_budget_map, method_block, resolve_capacity

@@ -23,7 +23,7 @@ import torch
 from ..attention.registry import attention_switched, register_attention
 from ..errors import HeadprobeError
 from ..models.loading import transformers_model
-from ..probes.triallog import TrialLog
+from ..files.trial_log import TrialLog
 
 IMPLEMENTATION = "headprobe_ablate"
 
@@ -167,7 +167,7 @@ class AblationTrial:
 def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int, int]],
                     max_new_tokens: int = 24, progress: Callable[[int], None] | None = None) -> tuple[float, list]:
     """Mean score of greedy answers with ``heads`` masked (stock cache); ``contexts`` pairs with ``items``."""
-    from .scoring import score_answer
+    from .answer_scores import score_answer
 
     model = lm.model
     tok = lm.tokenizer
@@ -202,7 +202,7 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     """
     from .. import __version__
     from ..haystack.context import build_context
-    from .grid import model_context
+    from .runner import model_context
 
     if profile.query_heads is None:
         raise HeadprobeError(f"{profile.kind} profile has no head scores to rank heads by")

@@ -9,7 +9,7 @@ objects), every answer computed from the world state the facts describe:
 - ``yesno``: yes/no ("Is Sandra in the kitchen?").
 
 The facts form one needle placed at the depth; the question follows the document. Scored by exact answer
-against the choices of its type (:func:`headprobe.eval.scoring.exact_answer`).
+against the choices of its type (:func:`headprobe.eval.answer_scores.exact_answer`).
 """
 
 from __future__ import annotations

@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from ..errors import HeadprobeError
-from ..probes.triallog import TrialLog
+from ..files.trial_log import TrialLog
 from .result import EvalResult
-from .scoring import score_answer
+from .answer_scores import score_answer
 from .settings import EvalSetting
 
 
@@ -125,7 +125,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     """
     from .. import __version__
     from ..runtime import generate_compressed
-    from .grid import _cell_record, cache_measurements, cell_log_path, resolve_budget
+    from .runner import _cell_record, cache_measurements, cell_log_path, resolve_budget
 
     import torch
 

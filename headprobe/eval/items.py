@@ -23,7 +23,7 @@ class EvalItem:
     gold
         The expected answer.
     scorer
-        ``rouge``, ``exact``, ``f1`` or ``fidelity`` (:func:`headprobe.eval.scoring.score_answer`;
+        ``rouge``, ``exact``, ``f1`` or ``fidelity`` (:func:`headprobe.eval.answer_scores.score_answer`;
         ``fidelity`` scores against the full cache's answer to the same prompt, not against ``gold``).
     choices
         The answers the question allows, for ``exact`` scoring.

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileFormatError
-from ..jsonio import atomic_write_json, read_headprobe_file, require
+from ..files.jsonio import atomic_write_json, read_headprobe_file, require
 
 EVAL_FORMAT = "headprobe.eval"
 EVAL_VERSION = 1

@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import FileFormatError, HeadprobeError
-from ..jsonio import file_fingerprint, iter_jsonl_objects
+from ..files.jsonio import file_fingerprint, iter_jsonl_objects
 from ..paths import haystacks_dir
 
 NEEDLE_KINDS = ("retrieval", "reasoning")

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FileFormatError, HeadprobeError
-from ..jsonio import iter_jsonl_objects
+from ..files.jsonio import iter_jsonl_objects
 from ..paths import haystacks_dir
 
 

@@ -15,12 +15,13 @@ from typing import Any
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError
-from ..jsonio import atomic_write_json, atomic_write_text, file_fingerprint, read_json
+from ..files.jsonio import atomic_write_json, atomic_write_text, file_fingerprint, read_json
 from ..models.identity import ModelIdentity
 from ..profile import Profile
-from .known import check_overwrite, import_identity
+from ..files.overwrite import check_overwrite
+from .known import import_identity
 
 TSV_NAME = "full_attention_heads.tsv"
 CONFIG_NAME = "config.json"

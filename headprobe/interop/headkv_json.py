@@ -16,10 +16,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import FileFormatError
-from ..jsonio import atomic_write_text, file_fingerprint, read_json
+from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
 from ..models.identity import ModelIdentity
 from ..profile import PROFILE_KINDS, Profile, reduce_groups
-from .known import check_overwrite, import_identity
+from ..files.overwrite import check_overwrite
+from .known import import_identity
 
 _KEY = re.compile(r"^(\d+)-(\d+)$")
 

@@ -1,4 +1,4 @@
-"""Identities of models whose published files carry no config, and overwrite protection for exports."""
+"""Identities of models whose published files carry no config."""
 
 from __future__ import annotations
 
@@ -65,14 +65,6 @@ def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, la
         raise HeadprobeError(f"{path}: holds {layers} layers x {heads} {heads_are} heads but {ident.name} has "
                              f"{ident.num_layers} x {want}")
     return ident
-
-
-def check_overwrite(path: str | Path, force: bool) -> Path:
-    """Refuse to replace an existing file (or non-empty folder) unless ``force``."""
-    path = Path(path)
-    if path.exists() and not force and (path.is_file() or any(path.iterdir())):
-        raise HeadprobeError(f"{path} exists; pass --force to overwrite it")
-    return path
 
 
 def identity_for_model(name: str) -> ModelIdentity | None:

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import numpy as np
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import FileFormatError
-from ..jsonio import atomic_write_json, atomic_write_text, read_headprobe_file, require
-from .known import check_overwrite
+from ..files.jsonio import atomic_write_json, atomic_write_text, read_headprobe_file, require
+from ..files.overwrite import check_overwrite
 
 LAYER_BUDGETS_FORMAT = "headprobe.layer_budgets"
 

@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import FileFormatError, ModelMismatchError
-from ..jsonio import fingerprint
+from ..files.jsonio import fingerprint
 
 #: Fields that decide whether a file made on one model can be applied to another.
 SHAPE_FIELDS = ("architecture", "num_layers", "num_query_heads", "num_kv_heads", "head_dim", "layer_types")

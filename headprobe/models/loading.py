@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError
-from ..jsonio import fingerprint
+from ..files.jsonio import fingerprint
 from ..paths import cache_dir
 from .identity import ModelIdentity, identity_from_config
 from .registry import MODELS, ModelSpec, close_matches

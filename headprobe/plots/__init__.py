@@ -1,7 +1,8 @@
-"""Plots of profiles and budget maps: head heatmaps, side-by-side comparisons, layer-retention curves,
-budget maps. PNG by default, SVG on request."""
+"""Plots of every stage: head heatmaps, side-by-side comparisons, layer-retention curves, budget maps,
+needle grids, accuracy against cache memory, ablation bars. PNG by default, SVG on request."""
 
-from .figures import (
+from .eval_figures import ablation_bars, accuracy_vs_memory, needle_grid
+from .profile_figures import (
            FORMATS,
            budget_heatmap,
            compare_heatmaps,
@@ -11,5 +12,5 @@ from .figures import (
            spearman,
 )
 
-__all__ = ["FORMATS", "budget_heatmap", "compare_heatmaps", "head_heatmap", "retention_curves", "save_figure",
+__all__ = ["FORMATS", "ablation_bars", "accuracy_vs_memory", "needle_grid", "budget_heatmap", "compare_heatmaps", "head_heatmap", "retention_curves", "save_figure",
            "spearman"]

@@ -23,8 +23,8 @@ from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
 from ..models.loading import generation_eos_ids
 from .gates import qa_f1, rouge1_recall
-from .grid import TrialSpec
-from .scoring import copy_scores, reasoning_scores
+from .trial_grid import TrialSpec
+from .head_scores import copy_scores, reasoning_scores
 
 
 @dataclass

@@ -11,13 +11,13 @@ from ..errors import HeadprobeError, NoPassingTrialsError
 from ..haystack.corpus import Haystack, load_haystack
 from ..haystack.needles import load_needles, needle_set_fingerprint, shipped_needle_file
 from ..haystack.tasks import load_tasks
-from ..jsonio import check_writable_dir
+from ..files.jsonio import check_writable_dir
 from ..profile import Profile
 from .aggregate import profiles_from_log
-from .grid import TrialSpec, make_grid, shard_trials
+from .trial_grid import TrialSpec, make_grid, shard_trials
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
-from .triallog import TrialLog
+from ..files.trial_log import TrialLog
 
 PROBES = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 PASSES = {"retrieval": "retrieval", "enhanced_retrieval": "retrieval", "retrieval_reasoning": "reasoning",

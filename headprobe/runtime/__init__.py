@@ -1,7 +1,7 @@
 """Compressed KV cache inside ``model.generate``: budgets, policies, kernels."""
 
-from .attention import headprobe_attention
-from .budgets import BudgetSource, MapBudget, RatioBudget, UniformBudget, distribute
+from .cache_attention import headprobe_attention
+from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget, distribute
 from .cache import CompressedCache
 from .generate import GenerationResult, generate_compressed, make_policy, parse_policy_options
 from .policies import POLICIES, Policy

@@ -2,7 +2,7 @@
 
 ``update`` does not concatenate anything: it hands the new keys/values to the layer slot and returns the
 slot itself, which transformers passes unchanged to the attention function registered as ``headprobe``
-(:mod:`headprobe.runtime.attention`). That function runs the policy: full attention over the prompt and
+(:mod:`headprobe.runtime.cache_attention`). That function runs the policy: full attention over the prompt and
 compression at prefill, ragged attention over the per-head store while decoding.
 """
 
@@ -14,7 +14,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import HeadprobeError
-from .budgets import BudgetSource, UniformBudget
+from .budget_sources import BudgetSource, UniformBudget
 from .policies.base import LayerContext, Policy
 from .store import LayerStore
 
@@ -73,7 +73,7 @@ class CompressedCache(Cache):
     policy
         Which tokens to keep (:mod:`headprobe.runtime.policies`); default SnapKV.
     budget
-        Where per-head budgets come from (:mod:`headprobe.runtime.budgets`); default capacity 128.
+        Where per-head budgets come from (:mod:`headprobe.runtime.budget_sources`); default capacity 128.
     max_new_tokens
         Decode room preallocated per segment (segments grow by re-layout if it runs out).
     attention_mask

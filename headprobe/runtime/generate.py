@@ -7,11 +7,11 @@ from typing import Any
 
 import torch
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.loading import transformers_model
-from .attention import headprobe_attention
-from .budgets import BudgetSource, MapBudget, RatioBudget, UniformBudget
+from .cache_attention import headprobe_attention
+from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
 from .policies import POLICIES, Policy
 

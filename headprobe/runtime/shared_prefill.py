@@ -22,7 +22,7 @@ import torch
 
 from ..errors import HeadprobeError
 from ..models.loading import generation_eos_ids, transformers_model
-from .attention import headprobe_attention
+from .cache_attention import headprobe_attention
 from .cache import CompressedCache, LayerSlot
 from .generate import GenerationResult, finish, new_cache, prepare_inputs
 from .policies.base import LayerContext, prefill_attention

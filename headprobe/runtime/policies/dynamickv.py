@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from ...errors import HeadprobeError
-from ..budgets import distribute
+from ..budget_sources import distribute
 from ..store import Selection
 from .base import LayerContext, Policy, check_window
 from .snapkv import window_scores

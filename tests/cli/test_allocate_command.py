@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from headprobe_cli.main import main
 
-from headprobe.budget import BudgetMap
+from headprobe.budget_map import BudgetMap
 from headprobe.models.identity import ModelIdentity
 from headprobe.profile import Profile, reduce_groups
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 
@@ -121,7 +121,7 @@ class MapBudget(BudgetSource):
     Parameters
     ----------
     budget_map
-        A loaded :class:`~headprobe.budget.BudgetMap` (``granularity = "kv_head"``).
+        A loaded :class:`~headprobe.budget_map.BudgetMap` (``granularity = "kv_head"``).
     capacity
         Mean tokens per head to rescale to; ``None`` keeps the file's total.
     identity

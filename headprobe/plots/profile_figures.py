@@ -19,7 +19,7 @@ import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ..budget import BudgetMap
+from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..profile import Profile
 
@@ -180,7 +180,7 @@ def budget_heatmap(bm: BudgetMap, top_k: int = 5) -> Figure:
 def save_figure(fig: Figure, path: str | Path, fmt: str | None = None, force: bool = False, dpi: int = 150) -> Path:
     """Save ``fig`` as PNG (default) or SVG (``fmt="svg"`` or a ``.svg`` path); refuses to overwrite
     without ``force``. The figure is closed afterwards."""
-    from ..interop.known import check_overwrite
+    from ..files.overwrite import check_overwrite
 
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "png").lower()

@@ -1,7 +1,7 @@
 """The grid runner: every setting × length × depth cell, every item in each cell, logged cell by cell.
 
 Finished cells go to a JSONL cell log (``<out>.cells.jsonl``, the trial-log format of
-:mod:`headprobe.probes.triallog`, one cell a line); the result JSON is rewritten atomically after
+:mod:`headprobe.files.trial_log`, one cell a line); the result JSON is rewritten atomically after
 each cell. An interrupted run resumes from the last finished cell and never redoes one.
 """
 
@@ -18,10 +18,10 @@ import torch
 from ..errors import HeadprobeError
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
-from ..probes.triallog import TrialLog
+from ..files.trial_log import TrialLog
 from .items import EvalItem
 from .result import EvalResult
-from .scoring import score_answer
+from .answer_scores import score_answer
 from .settings import EvalSetting
 
 

@@ -8,7 +8,8 @@ import torch
 import headprobe
 from headprobe import HeadprobeError
 from headprobe.eval import (EvalRequest, EvalResult, cell_log_path, expand_settings, items_from_babi,
-                            items_from_needles, generate_questions, needle_grid, run_eval)
+                            items_from_needles, generate_questions, run_eval)
+from headprobe.plots import needle_grid
 from headprobe.eval.settings import parse_setting
 
 torch.set_num_threads(1)
@@ -71,7 +72,7 @@ def test_shared_prefill_gives_the_same_cells_as_separate_runs(tiny_llama, tmp_pa
 
 
 def test_long_generation_is_scored_against_the_full_cache(tiny_llama, tmp_path, monkeypatch):
-    import headprobe.eval.grid as grid
+    import headprobe.eval.runner as grid
     from headprobe.eval import items_from_longgen
 
     needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:1]
@@ -101,7 +102,7 @@ def test_long_generation_is_scored_against_the_full_cache(tiny_llama, tmp_path, 
 def test_interrupted_grid_resumes_from_the_last_finished_cell(tiny_llama, tmp_path, monkeypatch):
     out = tmp_path / "eval.json"
     calls = []
-    import headprobe.eval.grid as grid
+    import headprobe.eval.runner as grid
 
     real = grid.run_trial
 
@@ -170,7 +171,7 @@ def test_allocated_settings_use_their_profile(tiny_llama, tmp_path):
     result = run_eval(tiny_llama, req, tmp_path / "h.json")
     assert result.complete and result.settings[0]["allocation"] == "headkv"
     # the budget map really differs by head and reaches the cache
-    from headprobe.eval.grid import resolve_budget
+    from headprobe.eval.runner import resolve_budget
     from headprobe.eval.settings import EvalSetting
 
     bm = resolve_budget(tiny_llama, EvalSetting("h", "snapkv", "headkv", (str(path),), 16))

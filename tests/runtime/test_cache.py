@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headprobe import HeadprobeError
-from headprobe.budget import BudgetMap
+from headprobe.budget_map import BudgetMap
 from headprobe.runtime import (POLICIES, CompressedCache, MapBudget, RatioBudget, UniformBudget, distribute,
                                generate_compressed, headprobe_attention, make_policy)
 

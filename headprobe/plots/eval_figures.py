@@ -17,7 +17,7 @@ from matplotlib.colors import LinearSegmentedColormap
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
-from .result import EvalResult
+from ..eval.result import EvalResult
 
 #: Red (miss) to green (found), like the needle-in-a-haystack figures of the papers.
 NEEDLE_CMAP = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])

@@ -15,7 +15,7 @@ import torch
 
 from headprobe_cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_unknown_alias_is_one_line(capsys):

@@ -29,7 +29,7 @@ from headprobe.profile import LayerRetention, Profile, reduce_groups
 SMOL = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
                      num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
                      layer_types=("full_attention",) * 30)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 REF = REPO.parent / "shared" / "reference"
 SHIPPED = sorted((REPO / "profiles").glob("*.json"))
 

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import FileFormatError, HeadprobeError
+from ..errors import FileFormatError, HeadprobeError
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .budget import BUDGET_FORMAT, BudgetMap
+from .budget_map import BUDGET_FORMAT, BudgetMap
 from .errors import FileFormatError
-from .jsonio import read_json
+from .files.jsonio import read_json
 from .profile import PROFILE_FORMAT, Profile
-from .probes.triallog import LOG_FORMAT, read_log
+from .files.trial_log import LOG_FORMAT, read_log
 
 
 def summarize_file(path: str | Path, top: int = 10) -> list[str]:

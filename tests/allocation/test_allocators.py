@@ -223,7 +223,7 @@ def test_uniform_and_pyramid():
 
 
 def test_budget_maps_are_valid_files(tmp_path):
-    from headprobe.budget import BudgetMap
+    from headprobe.budget_map import BudgetMap
     for bm in (allocate("headkv", [head_profile()]), allocate("pyramid", model=SMOL),
                allocate("combined", [head_profile(), retention_profile()])):
         path = bm.save(tmp_path / "b.json")

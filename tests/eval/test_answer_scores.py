@@ -3,7 +3,7 @@
 import pytest
 
 from headprobe import HeadprobeError
-from headprobe.eval.scoring import exact_answer, score_answer
+from headprobe.eval.answer_scores import exact_answer, score_answer
 
 
 def test_rouge_recall_counts_gold_words_in_the_response():

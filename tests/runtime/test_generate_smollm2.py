@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from headprobe.budget import BudgetMap
+from headprobe.budget_map import BudgetMap
 from headprobe.runtime import POLICIES, generate_compressed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]

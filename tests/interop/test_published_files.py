@@ -24,7 +24,7 @@ from headprobe.interop import (
 )
 from headprobe.profile import Profile
 
-REF = Path(__file__).resolve().parents[2] / "shared" / "reference"
+REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
 pytestmark = pytest.mark.skipif(not REF.is_dir(), reason=f"{REF} not present")
 
 HEADKV = sorted((REF / "headkv").glob("*.json")) if REF.is_dir() else []

@@ -1,0 +1,1 @@
+"""Files headprobe writes and reads: atomic JSON, validators, trial logs, overwrite checks."""
