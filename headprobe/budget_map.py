@@ -80,7 +80,7 @@ class BudgetMap:
         return atomic_write_json(path, self.to_json())
 
     @classmethod
-    def from_json(cls, obj: dict, path: object = "<budget>") -> "BudgetMap":
+    def from_json(cls, obj: dict, path: object = "<budget>") -> BudgetMap:
         model = ModelIdentity.from_json(require(obj, "model", dict, path), path)
         granularity = require(obj, "granularity", str, path)
         if granularity not in GRANULARITIES:
@@ -104,6 +104,6 @@ class BudgetMap:
                    created=str(obj.get("created", "")))
 
     @classmethod
-    def load(cls, path: str | Path) -> "BudgetMap":
+    def load(cls, path: str | Path) -> BudgetMap:
         """Read and validate a budget file."""
         return cls.from_json(read_headprobe_file(path, BUDGET_FORMAT, BUDGET_VERSION), path)

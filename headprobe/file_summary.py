@@ -7,8 +7,8 @@ from pathlib import Path
 from .budget_map import BUDGET_FORMAT, BudgetMap
 from .errors import FileFormatError
 from .files.jsonio import read_json
+from .files.trial_log import read_log
 from .profile import PROFILE_FORMAT, Profile
-from .files.trial_log import LOG_FORMAT, read_log
 
 
 def summarize_file(path: str | Path, top: int = 10) -> list[str]:

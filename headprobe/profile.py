@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import FileFormatError
 from .files.jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
+from .head_ranking import top_heads
 from .models.identity import ModelIdentity
 
 PROFILE_FORMAT = "headprobe.profile"
@@ -96,9 +97,7 @@ class Profile:
         scores = self.query_heads if granularity == "query" else self.kv_heads
         if scores is None:
             return []
-        flat = [(l, h, s) for l, row in enumerate(scores) for h, s in enumerate(row)]
-        flat.sort(key=lambda t: (-t[2], t[0], t[1]))
-        return flat[:k]
+        return [(l, h, scores[l][h]) for l, h in top_heads(scores, k)]
 
     # ---- JSON ------------------------------------------------------------------------------------
     def to_json(self) -> dict[str, Any]:
@@ -133,7 +132,7 @@ class Profile:
         return atomic_write_json(path, self.to_json())
 
     @classmethod
-    def from_json(cls, obj: dict, path: object = "<profile>") -> "Profile":
+    def from_json(cls, obj: dict, path: object = "<profile>") -> Profile:
         kind = require(obj, "kind", str, path)
         if kind not in PROFILE_KINDS:
             raise FileFormatError(path, "kind", f"expected one of {', '.join(PROFILE_KINDS)}, found {kind!r}")
@@ -180,7 +179,7 @@ class Profile:
                    retention_settings=settings, created=str(obj.get("created", "")))
 
     @classmethod
-    def load(cls, path: str | Path) -> "Profile":
+    def load(cls, path: str | Path) -> Profile:
         """Read and validate a profile file."""
         return cls.from_json(read_headprobe_file(path, PROFILE_FORMAT, PROFILE_VERSION), path)
 

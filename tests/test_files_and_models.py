@@ -11,8 +11,8 @@ import headprobe
 from headprobe import HeadprobeError, Profile
 from headprobe.attention import RowRecorder, RowRequest
 from headprobe.errors import FileFormatError
-from headprobe.models.identity import ModelIdentity
 from headprobe.files.trial_log import TrialLog, read_log
+from headprobe.models.identity import ModelIdentity
 
 
 def _identity() -> ModelIdentity:
@@ -117,6 +117,7 @@ def test_recorder_rows_equal_eager_attention(maker):
 
 def test_retention_on_tiny_gemma_sums_to_one():
     import conftest
+
     from headprobe.haystack.tasks import TaskSample
     from headprobe.probes.retention import RetentionConfig, run_retention_sample
 

@@ -52,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
     items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
     haystack = headprobe.load_haystack(args.haystack)
-    depths = [d / 100.0 if max(args.depths) > 1 else d for d in args.depths]
+    depths = headprobe.probe_grid.parse_depths(args.depths)
     profile = headprobe.Profile.load(args.profile) if args.profile else None
     lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
     if profile is None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 import headprobe as hp
@@ -43,13 +42,9 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
-def _slug(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", name.split("/")[-1]).strip("-").lower()
-
-
 def run(args) -> int:
     from headprobe.allocation import allocate, load_profile, newest_profile, parse_task_mix, summarize
-    from headprobe.interop import check_overwrite, identity_for_model
+    from headprobe.interop import identity_for_model
 
     profiles = [load_profile(p) for p in args.profile]
     paths = list(args.profile)
@@ -83,10 +78,10 @@ def run(args) -> int:
     out = args.output
     if out is None:
         m = bm.method
-        parts = [_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
+        parts = [hp.model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
                  f"cap{m['capacity']}"] + ([f"beta{m['beta']:g}"] if m.get("beta") is not None else [])
         out = Path("budgets") / (".".join(parts) + ".json")
-    check_overwrite(out, args.force)
+    hp.check_overwrite(out, args.force)
     bm.save(out)
     print(summarize(bm))
     print(f"wrote {out}")

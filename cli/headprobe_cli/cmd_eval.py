@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
     log = headprobe.cell_log_path(out)
     if log.exists() and not (args.resume or args.force):
         raise HeadprobeError(f"{log}: a cell log already exists; pass --resume to continue it or --force to start over")
-    depths = [d / 100.0 if max(args.depths) > 1 else d for d in args.depths]
+    depths = headprobe.probe_grid.parse_depths(args.depths)
     items, examples = None, None
     if args.task == "dataset":
         if not args.dataset:

@@ -31,8 +31,8 @@ def register(sub, formatter) -> None:
 
 
 def run(args) -> int:
-    from headprobe.interop import write_duoattention, write_headkv_json, write_layer_list
     from headprobe.files.jsonio import read_json
+    from headprobe.interop import write_duoattention, write_headkv_json, write_layer_list
 
     obj = read_json(args.input)
     fmt = obj.get("format") if isinstance(obj, dict) else None

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 
 
@@ -25,14 +24,15 @@ def register(sub, formatter) -> None:
 
 
 def run(args) -> int:
-    from headprobe.interop import check_overwrite, import_file
+    import headprobe
+    from headprobe.interop import import_file
 
     prof = import_file(args.input, args.fmt, args.model, args.kind)
     out = args.output
     if out is None:
-        slug = re.sub(r"[^A-Za-z0-9._-]+", "-", prof.model.name.split("/")[-1]).lower()
+        slug = headprobe.model_slug(prof.model.name)
         out = Path("profiles") / f"{slug}.{prof.kind}.{prof.probe.get('source', 'imported')}.json"
-    check_overwrite(out, args.force)
+    headprobe.check_overwrite(out, args.force)
     prof.save(out)
     top = ", ".join(f"{l}-{h}" for l, h, _ in prof.top_heads(5))
     print(f"{prof.model.name}: {prof.kind} from {prof.probe.get('source')}, {prof.model.num_layers} layers x "

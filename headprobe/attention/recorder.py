@@ -10,8 +10,8 @@ time: the implementation is registered and switched on inside the ``with`` block
 from __future__ import annotations
 
 import contextvars
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
@@ -25,7 +25,7 @@ IMPLEMENTATION = "headprobe_rows"
 #: ``key_positions [keys]`` (absolute positions of the keys the layer attended to).
 RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
 
-_ACTIVE: contextvars.ContextVar["RowRecorder | None"] = contextvars.ContextVar("headprobe_row_recorder",
+_ACTIVE: contextvars.ContextVar[RowRecorder | None] = contextvars.ContextVar("headprobe_row_recorder",
                                                                                default=None)
 
 
@@ -103,7 +103,7 @@ class RowRecorder:
         self._switch = None
         self._token = None
 
-    def __enter__(self) -> "RowRecorder":
+    def __enter__(self) -> RowRecorder:
         _register()
         self._switch = attention_switched(self.model, IMPLEMENTATION)
         self._switch.__enter__()

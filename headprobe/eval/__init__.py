@@ -8,18 +8,44 @@
 """
 
 from .ablation import HeadAblation, format_ablation, random_heads, run_ablation, top_heads
+from .answer_scores import SCORERS, exact_answer, rouge_l_f1, score_answer
 from .babi import TASKS as BABI_TASKS
 from .babi import BabiQuestion, generate_questions
 from .datasets import QAExample, load_qa_dataset, run_dataset_eval
-from .runner import EvalRequest, cell_log_path, run_eval
 from .items import LONGGEN_QUESTION, EvalItem, items_from_babi, items_from_longgen, items_from_needles
 from .result import EVAL_FORMAT, EVAL_VERSION, EvalResult, format_summary
-from .answer_scores import SCORERS, exact_answer, rouge_l_f1, score_answer
+from .runner import EvalRequest, cell_log_path, run_eval
 from .settings import PRESETS, EvalSetting, expand_settings, parse_setting
 
-__all__ = ["BABI_TASKS", "BabiQuestion", "EVAL_FORMAT", "EVAL_VERSION", "EvalItem", "EvalRequest", "EvalResult",
-           "EvalSetting", "HeadAblation", "PRESETS", "QAExample", "SCORERS",
-           "cell_log_path", "exact_answer", "expand_settings", "format_ablation", "format_summary",
-           "generate_questions", "items_from_babi", "items_from_longgen", "items_from_needles", "load_qa_dataset",
-           "parse_setting", "random_heads", "rouge_l_f1", "run_ablation", "run_dataset_eval", "run_eval", "score_answer",
-           "top_heads"]
+__all__ = [
+           "BABI_TASKS",
+           "EVAL_FORMAT",
+           "EVAL_VERSION",
+           "PRESETS",
+           "SCORERS",
+           "BabiQuestion",
+           "EvalItem",
+           "EvalRequest",
+           "EvalResult",
+           "EvalSetting",
+           "HeadAblation",
+           "QAExample",
+           "cell_log_path",
+           "exact_answer",
+           "expand_settings",
+           "format_ablation",
+           "format_summary",
+           "generate_questions",
+           "items_from_babi",
+           "items_from_longgen",
+           "items_from_needles",
+           "load_qa_dataset",
+           "parse_setting",
+           "random_heads",
+           "rouge_l_f1",
+           "run_ablation",
+           "run_dataset_eval",
+           "run_eval",
+           "score_answer",
+           "top_heads",
+]

@@ -11,23 +11,25 @@ from __future__ import annotations
 
 import contextvars
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 from ..attention.registry import attention_switched, register_attention
 from ..errors import HeadprobeError
-from ..models.loading import transformers_model
 from ..files.trial_log import TrialLog
+from ..head_ranking import top_heads
+from ..models.identity import text_config
+from ..models.loading import transformers_model
 
 IMPLEMENTATION = "headprobe_ablate"
 
-_ACTIVE: contextvars.ContextVar["HeadAblation | None"] = contextvars.ContextVar("headprobe_ablation", default=None)
+_ACTIVE: contextvars.ContextVar[HeadAblation | None] = contextvars.ContextVar("headprobe_ablation", default=None)
 
 
 def _allowed(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -114,7 +116,7 @@ class HeadAblation:
     def __init__(self, model: Any, heads: Iterable[tuple[int, int]], return_weights: bool = False) -> None:
         self.model = transformers_model(model)
         cfg = self.model.config
-        cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+        cfg = text_config(cfg)
         layers, qheads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
         self.heads = sorted({(int(l), int(h)) for l, h in heads})
         for l, h in self.heads:
@@ -127,7 +129,7 @@ class HeadAblation:
         self._switch = None
         self._token = None
 
-    def __enter__(self) -> "HeadAblation":
+    def __enter__(self) -> HeadAblation:
         _register()
         self._switch = attention_switched(self.model, IMPLEMENTATION)
         self._switch.__enter__()
@@ -137,13 +139,6 @@ class HeadAblation:
     def __exit__(self, *exc) -> None:
         _ACTIVE.reset(self._token)
         self._switch.__exit__(*exc)
-
-
-def top_heads(scores: np.ndarray, k: int) -> list[tuple[int, int]]:
-    """The ``k`` highest-scoring ``(layer, head)`` of ``scores [L, H]`` (ties: lower index first)."""
-    flat = np.asarray(scores, dtype=np.float64).ravel()
-    order = np.lexsort((np.arange(flat.size), -flat))[:k]
-    return [divmod(int(i), scores.shape[1]) for i in order]
 
 
 def random_heads(shape: tuple[int, int], k: int, seed: int = 0,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-
 from ..errors import HeadprobeError
 from ..probes.gates import normalize_answer, qa_f1, rouge1_recall
 

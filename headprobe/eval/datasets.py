@@ -4,15 +4,16 @@ answered under each setting and scored by LongBench's QA token-F1."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import HeadprobeError
 from ..files.trial_log import TrialLog
-from .result import EvalResult
 from .answer_scores import score_answer
+from .result import EvalResult
 from .settings import EvalSetting
 
 
@@ -123,11 +124,11 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
 
     Resumable per setting through the cell log beside ``out``.
     """
+    import torch
+
     from .. import __version__
     from ..runtime import generate_compressed
     from .runner import _cell_record, cache_measurements, cell_log_path, resolve_budget
-
-    import torch
 
     budgets = {s.label: resolve_budget(lm, s) for s in settings}
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]

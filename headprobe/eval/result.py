@@ -91,7 +91,7 @@ class EvalResult:
         return atomic_write_json(path, self.to_json())
 
     @classmethod
-    def load(cls, path: str | Path) -> "EvalResult":
+    def load(cls, path: str | Path) -> EvalResult:
         """Read and validate an eval result file (one-line errors naming the field)."""
         obj = read_headprobe_file(path, EVAL_FORMAT, EVAL_VERSION)
         for key, kind in (("model", dict), ("task", dict), ("grid", dict), ("settings", list), ("cells", list)):

@@ -8,20 +8,22 @@ each cell. An interrupted run resumes from the last finished cell and never redo
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
 from ..errors import HeadprobeError
+from ..files.trial_log import TrialLog
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
-from ..files.trial_log import TrialLog
+from ..models.identity import text_config
+from .answer_scores import score_answer
 from .items import EvalItem
 from .result import EvalResult
-from .answer_scores import score_answer
 from .settings import EvalSetting
 
 
@@ -61,7 +63,7 @@ class EvalRequest:
 
 def model_context(lm: Any) -> int | None:
     cfg = lm.model.config
-    cfg = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    cfg = text_config(cfg)
     return getattr(cfg, "max_position_embeddings", None)
 
 

@@ -18,9 +18,10 @@ import numpy as np
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError
 from ..files.jsonio import atomic_write_json, atomic_write_text, file_fingerprint, read_json
+from ..files.overwrite import check_overwrite
+from ..head_ranking import rank_order
 from ..models.identity import ModelIdentity
 from ..profile import Profile
-from ..files.overwrite import check_overwrite
 from .known import import_identity
 
 TSV_NAME = "full_attention_heads.tsv"
@@ -103,10 +104,8 @@ def untie(scores: np.ndarray, eps: float = TIE_EPS) -> np.ndarray:
     n = flat.size
     if n == 1:
         return s.copy()
-    # ascending value; among equal values the higher index first, so the lower index ranks higher
-    order = np.lexsort((-np.arange(n), flat))
     rank = np.empty(n, dtype=np.float64)
-    rank[order] = np.arange(n)
+    rank[rank_order(flat)[::-1]] = np.arange(n)        # 0 for the lowest, n - 1 for the highest
     return (flat * (1 - eps) + eps * rank / (n - 1)).reshape(s.shape)
 
 
@@ -132,9 +131,8 @@ def binarise(scores: np.ndarray, threshold: float | None = None, full_share: flo
     if not 0 <= full_share <= 1:
         raise HeadprobeError(f"full-head share must be in [0, 1], got {full_share}")
     k = int(np.floor(full_share * s.size + 0.5))
-    order = np.lexsort((np.arange(s.size), -s.ravel()))
     out = np.zeros(s.size)
-    out[order[:k]] = 1.0
+    out[rank_order(s)[:k]] = 1.0
     return out.reshape(s.shape)
 
 

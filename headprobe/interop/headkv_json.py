@@ -17,9 +17,9 @@ import numpy as np
 
 from ..errors import FileFormatError
 from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
+from ..files.overwrite import check_overwrite
 from ..models.identity import ModelIdentity
 from ..profile import PROFILE_KINDS, Profile, reduce_groups
-from ..files.overwrite import check_overwrite
 from .known import import_identity
 
 _KEY = re.compile(r"^(\d+)-(\d+)$")

@@ -65,7 +65,7 @@ class ModelIdentity:
         return out
 
     @classmethod
-    def from_json(cls, obj: Any, path: object = "<model>", prefix: str = "model") -> "ModelIdentity":
+    def from_json(cls, obj: Any, path: object = "<model>", prefix: str = "model") -> ModelIdentity:
         if not isinstance(obj, dict):
             raise FileFormatError(path, prefix, "expected an object with the model identity")
         ints = ("num_layers", "num_query_heads", "num_kv_heads", "head_dim")
@@ -88,7 +88,7 @@ class ModelIdentity:
             sliding_window=obj.get("sliding_window"), max_context=obj.get("max_context"),
         )
 
-    def differences(self, other: "ModelIdentity", include_name: bool = True) -> list[str]:
+    def differences(self, other: ModelIdentity, include_name: bool = True) -> list[str]:
         """Human-readable list of the fields in which ``other`` differs from ``self``."""
         fields = (("name",) if include_name else ()) + SHAPE_FIELDS
         out = []
@@ -101,7 +101,7 @@ class ModelIdentity:
                     out.append(f"{key} {a!r} vs {b!r}")
         return out
 
-    def check_fits(self, model: "ModelIdentity", what: str = "file", include_name: bool = True) -> None:
+    def check_fits(self, model: ModelIdentity, what: str = "file", include_name: bool = True) -> None:
         """Raise :class:`ModelMismatchError` if a file made on ``self`` cannot be applied to ``model``."""
         diffs = self.differences(model, include_name=include_name)
         if diffs:
@@ -110,9 +110,14 @@ class ModelIdentity:
             )
 
 
+def text_config(config: Any) -> Any:
+    """The text part of a transformers config (multimodal models nest it; text models are their own)."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
 def identity_from_config(config: Any, name: str, source: str) -> ModelIdentity:
     """Build a :class:`ModelIdentity` from a transformers config (text config of multimodal models)."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = text_config(config)
     layers = int(cfg.num_hidden_layers)
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import re
 from dataclasses import dataclass
 
 
@@ -51,6 +52,14 @@ MODELS: dict[str, ModelSpec] = {spec.alias: spec for spec in [
     ModelSpec("qwen2.5-7b", "Qwen/Qwen2.5-7B-Instruct"),
     ModelSpec("qwen3-8b", "Qwen/Qwen3-8B"),
 ]}
+
+
+def model_slug(name: str) -> str:
+    """File-name stem for a model: its alias when it has one, else the last part of its name, lowercased."""
+    for alias, spec in MODELS.items():
+        if spec.hf_id == name:
+            return alias
+    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name.rstrip("/").split("/")[-1]).strip("-").lower()
 
 
 def close_matches(name: str, n: int = 3) -> list[str]:

@@ -12,5 +12,15 @@ from .profile_figures import (
            spearman,
 )
 
-__all__ = ["FORMATS", "ablation_bars", "accuracy_vs_memory", "needle_grid", "budget_heatmap", "compare_heatmaps", "head_heatmap", "retention_curves", "save_figure",
-           "spearman"]
+__all__ = [
+           "FORMATS",
+           "ablation_bars",
+           "accuracy_vs_memory",
+           "budget_heatmap",
+           "compare_heatmaps",
+           "head_heatmap",
+           "needle_grid",
+           "retention_curves",
+           "save_figure",
+           "spearman",
+]

@@ -21,6 +21,7 @@ from matplotlib.figure import Figure
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
+from ..head_ranking import top_heads
 from ..profile import Profile
 
 FORMATS = ("png", "svg")
@@ -55,9 +56,7 @@ def _size(layers: int, heads: int, panels: int = 1) -> tuple[float, float]:
 def _annotate_top(ax, values: np.ndarray, k: int) -> list[tuple[int, int]]:
     if k <= 0:
         return []
-    flat = values.ravel()
-    order = np.lexsort((np.arange(flat.size), -flat))[:k]
-    cells = [divmod(int(i), values.shape[1]) for i in order]
+    cells = top_heads(values, k)
     for rank, (layer, head) in enumerate(cells, 1):
         ax.add_patch(plt.Rectangle((head, layer), 1, 1, fill=False, edgecolor="red", lw=1.8))
         ax.text(head + 0.5, layer + 0.5, str(rank), ha="center", va="center", color="white", fontsize=8,

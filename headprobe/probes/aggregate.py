@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, NoPassingTrialsError
+from ..files.trial_log import _RESUME_FREE, read_log
 from ..models.identity import ModelIdentity
 from ..profile import LayerRetention, Profile, reduce_groups
-from ..files.trial_log import _RESUME_FREE, read_log
 
 
 def gate_name(kind: str, settings: dict[str, Any]) -> str:

@@ -12,8 +12,9 @@ mode too.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -21,10 +22,11 @@ from ..attention import RowRecorder, RowRequest
 from ..haystack.context import TrialContext, build_context, common_prefix_length, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
+from ..models.identity import text_config
 from ..models.loading import generation_eos_ids
 from .gates import qa_f1, rouge1_recall
-from .trial_grid import TrialSpec
 from .head_scores import copy_scores, reasoning_scores
+from .trial_grid import TrialSpec
 
 
 @dataclass
@@ -77,7 +79,7 @@ def _eos_ids(loaded) -> set[int]:
 
 
 def _layer_count(model) -> int:
-    return model.config.get_text_config().num_hidden_layers
+    return text_config(model.config).num_hidden_layers
 
 
 def _record(spec: TrialSpec, needle: Needle, ctx: TrialContext, response: str, scores: dict[str, torch.Tensor],

@@ -2,22 +2,23 @@
 
 from __future__ import annotations
 
-import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import HeadprobeError, NoPassingTrialsError
+from ..files.jsonio import check_writable_dir
+from ..files.trial_log import TrialLog
 from ..haystack.corpus import Haystack, load_haystack
 from ..haystack.needles import load_needles, needle_set_fingerprint, shipped_needle_file
 from ..haystack.tasks import load_tasks
-from ..files.jsonio import check_writable_dir
+from ..models.registry import model_slug
 from ..profile import Profile
 from .aggregate import profiles_from_log
-from .trial_grid import TrialSpec, make_grid, shard_trials
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
-from ..files.trial_log import TrialLog
+from .trial_grid import TrialSpec, make_grid, shard_trials
 
 PROBES = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 PASSES = {"retrieval": "retrieval", "enhanced_retrieval": "retrieval", "retrieval_reasoning": "reasoning",
@@ -77,16 +78,6 @@ class ProfileRequest:
     force: bool = False
     shard: tuple[int, int] | None = None
     name: str | None = None
-
-
-def model_slug(name: str) -> str:
-    """File-name stem for a model: its alias when it has one, else the last part of its name."""
-    from ..models.registry import MODELS
-
-    for alias, spec in MODELS.items():
-        if spec.hf_id == name:
-            return alias
-    return re.sub(r"[^A-Za-z0-9_.-]+", "-", name.rstrip("/").split("/")[-1]).lower()
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 
 #: HeadKV's grid: 5 lengths up to 10K (capped at the model's context), 10 depths from 0 to 100%.
 FULL_LENGTHS = (1000, 3250, 5500, 7750, 10000)
@@ -87,11 +87,12 @@ def shard_trials(trials: list[TrialSpec], shard: tuple[int, int] | None) -> list
     return [t for t in trials if t.group in mine]
 
 
-def parse_depths(values: list[float]) -> list[float]:
-    """Depths given as fractions (0-1) or percentages (0-100)."""
-    if any(v > 1 for v in values):
-        values = [v / 100 for v in values]
-    for v in values:
-        if not 0 <= v <= 1:
-            raise HeadprobeError(f"--depths: {v} is outside 0-100%")
-    return values
+def parse_depths(percents: list[float]) -> list[float]:
+    """Needle depths given in percent (0 = start of the haystack, 100 = its end) as fractions in [0, 1].
+
+    One unit only: ``1`` is 1 %, not 100 %.
+    """
+    for v in percents:
+        if not 0 <= v <= 100:
+            raise HeadprobeError(f"{param('depths', v)}: expected a percentage between 0 and 100")
+    return [v / 100 for v in percents]

@@ -59,7 +59,7 @@ def distribute(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray:
 class BudgetSource:
     """Resolves per-head budgets for the prompts of a batch."""
 
-    def resolve(self, cache: "CompressedCache", prompt_lengths: torch.Tensor, policy: "Policy") -> torch.Tensor:
+    def resolve(self, cache: CompressedCache, prompt_lengths: torch.Tensor, policy: Policy) -> torch.Tensor:
         """``[batch, layers, kv_heads]`` int64 budgets (window included)."""
         raise NotImplementedError
 
@@ -67,7 +67,7 @@ class BudgetSource:
         return type(self).__name__
 
 
-def _check_window(capacity: int, policy: "Policy", what: str) -> None:
+def _check_window(capacity: int, policy: Policy, what: str) -> None:
     window = getattr(policy, "window", 0) or 0
     if type(policy).uses_budgets and capacity < window:
         raise HeadprobeError(f"{what} {capacity} is smaller than the {policy.name} window ({window} tokens)")

@@ -14,6 +14,7 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import HeadprobeError
+from ..models.identity import text_config
 from .budget_sources import BudgetSource, UniformBudget
 from .policies.base import LayerContext, Policy
 from .store import LayerStore
@@ -25,7 +26,7 @@ class LayerSlot(CacheLayerMixin):
     supports_early_init = False
     is_compileable = False
 
-    def __init__(self, cache: "CompressedCache", layer_idx: int, is_sliding: bool) -> None:
+    def __init__(self, cache: CompressedCache, layer_idx: int, is_sliding: bool) -> None:
         super().__init__()
         self.cache = cache
         self.layer_idx = layer_idx
@@ -92,7 +93,7 @@ class CompressedCache(Cache):
                  max_new_tokens: int = 256, attention_mask: torch.Tensor | None = None) -> None:
         from .policies.snapkv import SnapKV
 
-        cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+        cfg = text_config(config)
         self.num_layers = int(cfg.num_hidden_layers)
         self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
         types = getattr(cfg, "layer_types", None) or ["full_attention"] * self.num_layers

@@ -8,11 +8,13 @@ cache's policy for the layer. No mask function is registered: the cache knows th
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 
 from ..errors import HeadprobeError
+from ..models.identity import text_config
 
 ATTENTION_NAME = "headprobe"
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -57,7 +59,7 @@ def register() -> None:
 
 def check_layer_types(config: Any) -> None:
     """Refuse models with attention types the runtime does not handle, naming the layer."""
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = text_config(config)
     for i, kind in enumerate(getattr(cfg, "layer_types", None) or []):
         if kind not in SUPPORTED_LAYER_TYPES:
             raise HeadprobeError(f"layer {i} has attention type {kind!r}; the compressed cache supports "

@@ -9,10 +9,11 @@ import torch
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
+from ..models.identity import text_config
 from ..models.loading import transformers_model
-from .cache_attention import headprobe_attention
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
+from .cache_attention import headprobe_attention
 from .policies import POLICIES, Policy
 
 
@@ -188,5 +189,5 @@ def finish(tokenizer: Any, sequences: torch.Tensor, prompt_len: int, cache: Comp
 
 
 def _shape(config: Any) -> tuple[int, int]:
-    cfg = config.get_text_config() if hasattr(config, "get_text_config") else config
+    cfg = text_config(config)
     return int(cfg.num_hidden_layers), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)

@@ -22,8 +22,8 @@ import torch
 
 from ..errors import HeadprobeError
 from ..models.loading import generation_eos_ids, transformers_model
-from .cache_attention import headprobe_attention
 from .cache import CompressedCache, LayerSlot
+from .cache_attention import headprobe_attention
 from .generate import GenerationResult, finish, new_cache, prepare_inputs
 from .policies.base import LayerContext, prefill_attention
 

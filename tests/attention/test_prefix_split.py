@@ -5,11 +5,11 @@ from __future__ import annotations
 
 from unittest import mock
 
+import conftest
 import pytest
 import torch
 import torch.nn.functional as F
 
-import conftest
 from headprobe.attention import RowRecorder, RowRequest
 from headprobe.attention.prefix_split import prefix_split_attention
 

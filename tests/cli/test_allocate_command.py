@@ -69,6 +69,6 @@ def test_allocate_defaults_find_the_newest_local_profile(workdir, capsys):
     out = capsys.readouterr().out
     assert "profiles/smol.r2.json" in out
     written = sorted((workdir / "budgets").glob("*.json"))
-    assert [p.name for p in written] == ["smollm2-135m-instruct.headkv.cap128.beta1.01.json"]
+    assert [p.name for p in written] == ["smollm2-135m.headkv.cap128.beta1.01.json"]
     bm = BudgetMap.load(written[0])
     assert bm.method["capacity"] == 128 and bm.method["window"] == 8 and bm.total == 128 * 90

@@ -4,11 +4,10 @@ import json
 
 import pytest
 import torch
+from headprobe_cli.main import main
 
-import headprobe
 from headprobe import HeadprobeError
 from headprobe.eval import EvalResult, expand_settings, load_qa_dataset, run_dataset_eval
-from headprobe_cli.main import main
 
 torch.set_num_threads(1)
 

@@ -11,8 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
-
 from headprobe_cli.main import main
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,7 +71,7 @@ def test_ctrl_c_keeps_the_log_and_resume_finishes(tiny_model_dir, tmp_path):
            "--no-chat-template", "--out-dir", str(out)]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])}
     # A run started in the background inherits an ignored SIGINT; a user's terminal delivers it.
-    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)  # noqa: E731
+    restore = lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=restore)
     log = out / "tiny.retrieval.trials.jsonl"

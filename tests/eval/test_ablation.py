@@ -115,9 +115,10 @@ def test_heads_outside_the_model_are_refused(tiny_llama):
 
 
 def test_interrupted_ablation_resumes_without_redoing_a_run(tiny_llama, tmp_path, monkeypatch):
-    import headprobe
-    import headprobe.eval.ablation as ablation
     from conftest import write_random_profile
+
+    import headprobe
+    from headprobe.eval import ablation
     from headprobe.profile import Profile
 
     scores = write_random_profile(tiny_llama, "retrieval", tmp_path / "p.json")

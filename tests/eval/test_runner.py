@@ -7,10 +7,16 @@ import torch
 
 import headprobe
 from headprobe import HeadprobeError
-from headprobe.eval import (EvalRequest, EvalResult, cell_log_path, expand_settings, items_from_babi,
-                            items_from_needles, generate_questions, run_eval)
-from headprobe.plots import needle_grid
+from headprobe.eval import (
+    EvalRequest,
+    EvalResult,
+    cell_log_path,
+    expand_settings,
+    items_from_needles,
+    run_eval,
+)
 from headprobe.eval.settings import parse_setting
+from headprobe.plots import needle_grid
 
 torch.set_num_threads(1)
 

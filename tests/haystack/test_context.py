@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+from conftest import _tiny_tokenizer
 
 from headprobe import HeadprobeError, load_haystack, load_needles
 from headprobe.errors import FileFormatError
@@ -13,8 +14,6 @@ from headprobe.haystack.context import build_context, chars_to_tokens, common_pr
 from headprobe.haystack.corpus import Haystack
 from headprobe.haystack.needles import Needle, shipped_needle_file
 from headprobe.haystack.tasks import load_tasks
-
-from conftest import _tiny_tokenizer
 
 DEPTHS = [i / 10 for i in range(11)]
 

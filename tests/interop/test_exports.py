@@ -91,7 +91,7 @@ def test_duoattention_export_of_headprobe_profile(tmp_path):
     assert cfg["sink_size"] == 4 and cfg["recent_size"] == 64
     back = read_duoattention(out, model=SMOL)
     assert np.array_equal(np.array(back.kv_heads), vals)
-    with pytest.raises(HeadprobeError, match="exists; pass --force"):
+    with pytest.raises(HeadprobeError, match="exists; pass force=True"):
         write_duoattention(p, out)
     write_duoattention(p, out, force=True, full_share=1 / 3)
     assert np.loadtxt(out / "full_attention_heads.tsv").sum() == 30

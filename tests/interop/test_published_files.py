@@ -82,7 +82,7 @@ def test_score_json_round_trip(path, tmp_path):
         a = allocate("headkv", [prof], beta=beta, compat="headkv").budgets
         assert allocate("headkv", [again], beta=beta, compat="headkv").budgets == a
         assert allocate("headkv", [again], beta=beta).budgets == allocate("headkv", [prof], beta=beta).budgets
-    with pytest.raises(Exception, match="exists; pass --force"):
+    with pytest.raises(Exception, match="exists; pass force=True"):
         write_headkv_json(prof, out)
 
 

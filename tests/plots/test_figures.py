@@ -114,7 +114,7 @@ def test_budget_heatmap_with_layer_totals(tmp_path):
     assert widths == bm.per_layer
     assert "headkv" in fig._suptitle.get_text() and str(bm.total) in fig._suptitle.get_text()
     rendered(save_figure(fig, tmp_path / "b.png"))
-    with pytest.raises(HeadprobeError, match="exists; pass --force"):
+    with pytest.raises(HeadprobeError, match="exists; pass force=True"):
         save_figure(budget_heatmap(bm), tmp_path / "b.png")
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from headprobe.probes.gates import normalize_answer, qa_f1, rouge1_recall
-from headprobe.probes.retention import layer_shares
 from headprobe.probes.head_scores import copy_scores, reasoning_scores
+from headprobe.probes.retention import layer_shares
 
 
 def _rows(argmax_positions, keys=10, weight=0.7):

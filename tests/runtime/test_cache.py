@@ -7,8 +7,15 @@ import torch
 
 from headprobe import HeadprobeError
 from headprobe.budget_map import BudgetMap
-from headprobe.runtime import (POLICIES, CompressedCache, MapBudget, RatioBudget, UniformBudget, distribute,
-                               generate_compressed, headprobe_attention, make_policy)
+from headprobe.runtime import (
+    POLICIES,
+    CompressedCache,
+    UniformBudget,
+    distribute,
+    generate_compressed,
+    headprobe_attention,
+    make_policy,
+)
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -62,8 +62,8 @@ def _use_triton(device: torch.device) -> bool:
     return runnable and device.type == "cuda"
 
 
-def compact(store: "LayerStore", keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-            selection: "Selection") -> None:
+def compact(store: LayerStore, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+            selection: Selection) -> None:
     """Gather the selected prompt pairs of every segment of a layer into the store (one launch)."""
     if _use_triton(keys.device):
         from .compact import compact_triton
@@ -75,7 +75,7 @@ def compact(store: "LayerStore", keys: torch.Tensor, values: torch.Tensor, posit
         store.lengths.copy_(selection.count)
 
 
-def ragged_attention(query: torch.Tensor, store: "LayerStore", query_positions: torch.Tensor, scaling: float,
+def ragged_attention(query: torch.Tensor, store: LayerStore, query_positions: torch.Tensor, scaling: float,
                      sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention of ``query`` ``[batch, q_heads, n, head_dim]`` over the ragged store of its layer.
 

@@ -7,20 +7,20 @@ from .streaming import Streaming
 
 POLICIES: dict[str, type[Policy]] = {"full": Full, "snapkv": SnapKV, "streaming": Streaming}
 
-__all__ = ["Full", "LayerContext", "POLICIES", "Policy", "SnapKV", "Streaming"]
+__all__ = ["POLICIES", "Full", "LayerContext", "Policy", "SnapKV", "Streaming"]
 
-from .keydiff import KeyDiff  # noqa: E402
-from .morphkv import MorphKV  # noqa: E402
+from .keydiff import KeyDiff
+from .morphkv import MorphKV
 
 POLICIES.update({"keydiff": KeyDiff, "morphkv": MorphKV})
 __all__ += ["KeyDiff", "MorphKV"]
 
-from .keepkv import KeepKV  # noqa: E402
+from .keepkv import KeepKV
 
 POLICIES["keepkv"] = KeepKV
 __all__ += ["KeepKV"]
 
-from .dynamickv import DynamicKV  # noqa: E402
+from .dynamickv import DynamicKV
 
 POLICIES["dynamickv"] = DynamicKV
 __all__ += ["DynamicKV"]

@@ -46,7 +46,7 @@ class LayerContext:
         As the model's attention passes them.
     """
 
-    cache: "CompressedCache"
+    cache: CompressedCache
     layer_idx: int
     query: torch.Tensor
     keys: torch.Tensor
@@ -164,7 +164,7 @@ def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
         raise HeadprobeError(f"policy {policy}: option {key}={value!r}: expected {want}")
 
 
-def check_window(policy: "Policy", minimum: int = 1) -> None:
+def check_window(policy: Policy, minimum: int = 1) -> None:
     if policy.window < minimum:
         raise HeadprobeError(f"policy {policy.name}: window {policy.window}: expected at least {minimum}")
 
@@ -194,7 +194,7 @@ class Policy:
         return [f.name for f in fields(cls)] if hasattr(cls, "__dataclass_fields__") else []
 
     @classmethod
-    def from_options(cls, options: dict[str, Any]) -> "Policy":
+    def from_options(cls, options: dict[str, Any]) -> Policy:
         """Build the policy, refusing options it does not have (one clear line)."""
         names = cls.option_names()
         defaults = {f.name: f.default for f in fields(cls)} if names else {}

@@ -13,8 +13,8 @@ from typing import ClassVar
 import torch
 
 from ...attention.rows import attention_rows, pooled_window_scores
-from ..store import Selection
 from ...errors import HeadprobeError
+from ..store import Selection
 from .base import LayerContext, Policy, check_window, window_and_topk
 
 

@@ -6,14 +6,14 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
 triton = pytest.importorskip("triton")
 
-from headprobe.runtime.kernels import dispatch  # noqa: E402
-from headprobe.runtime.kernels.torch_ref import ragged_attention_torch  # noqa: E402
-from headprobe.runtime.store import LayerStore, Selection  # noqa: E402
+from headprobe.runtime.kernels import dispatch
+from headprobe.runtime.kernels.torch_ref import ragged_attention_torch
+from headprobe.runtime.store import LayerStore, Selection
 
 pytestmark = pytest.mark.skipif(os.environ.get("TRITON_INTERPRET") != "1" and not torch.cuda.is_available(),
                                 reason="needs CUDA or TRITON_INTERPRET=1")

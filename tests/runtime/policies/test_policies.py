@@ -87,6 +87,7 @@ def test_dynamickv_budgets_sum_exactly(tiny_llama):
 def test_dynamickv_with_a_budget_map_shares_the_maps_total():
     """Per-head budgets that differ by layer and head: the layers share Σ(budget - window), not layer 0's."""
     from conftest import make_tiny_llama
+
     from headprobe.runtime import BudgetSource, CompressedCache, headprobe_attention, make_policy
 
     class Fixed(BudgetSource):
