@@ -10,6 +10,9 @@ from headprobe import HeadprobeError
 
 from .progress import tqdm_progress
 
+#: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
+FLAGS = {"ks": "--k"}
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(

@@ -10,6 +10,10 @@ from headprobe import HeadprobeError
 
 from .progress import tqdm_progress
 
+#: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
+FLAGS = {"spec": "--settings", "specs": "--settings", "source": "--dataset", "context_field": "--fields",
+         "question_field": "--fields", "answers_field": "--fields", "tasks": "--babi-tasks", "count": "--babi-count"}
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(

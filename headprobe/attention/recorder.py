@@ -4,19 +4,19 @@
 :class:`~transformers.AttentionInterface`. It computes every layer's output with the stock SDPA kernel
 (no eager attention on the whole forward) and, for the requested query positions only, the post-RoPE
 softmax rows over all keys, which it hands to a callback layer by layer. Nothing is patched at import
-time: the implementation is registered and switched on inside the ``with`` block and switched back after.
+time: the implementation is registered and switched on inside the ``with`` block and switched back after
+(:class:`~headprobe.attention.registry.AttentionSwitch`).
 """
 
 from __future__ import annotations
 
-import contextvars
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from .prefix_split import prefix_split_attention, prefix_split_supported
-from .registry import attention_switched, register_attention
+from .registry import AttentionSwitch
 from .rows import attention_rows
 
 IMPLEMENTATION = "headprobe_rows"
@@ -24,9 +24,6 @@ IMPLEMENTATION = "headprobe_rows"
 #: ``callback(layer_idx, rows, key_positions)`` with ``rows [batch, query_heads, n_rows, keys]`` and
 #: ``key_positions [keys]`` (absolute positions of the keys the layer attended to).
 RowCallback = Callable[[int, torch.Tensor, torch.Tensor], None]
-
-_ACTIVE: contextvars.ContextVar[RowRecorder | None] = contextvars.ContextVar("headprobe_row_recorder",
-                                                                               default=None)
 
 
 @dataclass
@@ -68,7 +65,7 @@ class RowRequest:
 def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    recorder = _ACTIVE.get()
+    recorder = RowRecorder.active()
     request = recorder.request if recorder is not None else None
     if (request is not None and request.prefix_visible and query.shape[2] > 1
             and key.shape[2] == request.block_start + query.shape[2] and not kwargs.get("s_aux")
@@ -83,11 +80,7 @@ def _rows_attention(module, query, key, value, attention_mask, scaling=None, dro
     return out
 
 
-def _register() -> None:
-    register_attention(IMPLEMENTATION, _rows_attention)
-
-
-class RowRecorder:
+class RowRecorder(AttentionSwitch, implementation=IMPLEMENTATION):
     """Context manager that switches a model to the row-recording attention.
 
     Examples
@@ -97,22 +90,11 @@ class RowRecorder:
     ...     model(input_ids)
     """
 
+    attention = staticmethod(_rows_attention)
+
     def __init__(self, model) -> None:
-        self.model = model
+        super().__init__(model)
         self.request: RowRequest | None = None
-        self._switch = None
-        self._token = None
-
-    def __enter__(self) -> RowRecorder:
-        _register()
-        self._switch = attention_switched(self.model, IMPLEMENTATION)
-        self._switch.__enter__()
-        self._token = _ACTIVE.set(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _ACTIVE.reset(self._token)
-        self._switch.__exit__(*exc)
 
     def _capture(self, module, query, key, scaling, sliding_window, softcap) -> None:
         request = self.request

@@ -1,18 +1,17 @@
 """Head ablation (Wu et al.'s check that retrieval heads are real): mask chosen query heads.
 
 A masked head attends uniformly to every key it may see (causal, sliding window, padding), so it still
-outputs something of the right scale but can no longer pick out the needle. :class:`HeadAblation`
-registers an attention implementation (``"headprobe_ablate"``) with transformers'
-``AttentionInterface`` and switches the model to it inside the ``with`` block only; nothing is patched
-at import time. Unmasked heads go through the stock SDPA kernel unchanged.
+outputs something of the right scale but can no longer pick out the needle. :class:`HeadAblation` is an
+:class:`~headprobe.attention.registry.AttentionSwitch`: it registers an attention implementation
+(``"headprobe_ablate"``) with transformers' ``AttentionInterface`` and switches the model to it inside
+the ``with`` block only; nothing is patched at import time. Unmasked heads go through the stock SDPA
+kernel unchanged.
 """
 
 from __future__ import annotations
 
-import contextvars
 import random
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -20,16 +19,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..attention.registry import attention_switched, register_attention
-from ..errors import HeadprobeError
+from ..attention.registry import AttentionSwitch
+from ..attention.rows import attention_rows
+from ..errors import HeadprobeError, param
 from ..files.trial_log import TrialLog
 from ..head_ranking import top_heads
-from ..models.identity import text_config
+from ..models.identity import ModelIdentity, identity_from_config
 from ..models.loading import transformers_model
 
 IMPLEMENTATION = "headprobe_ablate"
-
-_ACTIVE: contextvars.ContextVar[HeadAblation | None] = contextvars.ContextVar("headprobe_ablation", default=None)
 
 
 def _allowed(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tensor | None,
@@ -47,8 +45,25 @@ def _allowed(query: torch.Tensor, key: torch.Tensor, attention_mask: torch.Tenso
     return allowed[None, None]
 
 
-def _repeat_kv(x: torch.Tensor, groups: int) -> torch.Tensor:
-    return x if groups == 1 else x.repeat_interleave(groups, dim=1)
+def _uniform(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``[batch or 1, 1, n, k]`` uniform attention over the keys each row may see."""
+    return allowed.to(dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)
+
+
+def _attention_weights(query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor, scaling: float,
+                       sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    """Every head's softmax attention, ``[batch, query_heads, n, k]`` float32, by
+    :func:`~headprobe.attention.rows.attention_rows` over all ``n`` query rows.
+
+    The cache holds contiguous positions ending with this forward's tokens, so key ``j`` sits at
+    position ``j`` and query row ``i`` at ``k - n + i`` (causality and windows only compare positions);
+    keys no row may see (padding) are masked out.
+    """
+    n, k = query.shape[2], key.shape[2]
+    positions = torch.arange(k - n, k, device=key.device)
+    visible_keys = allowed[:, 0].any(dim=1)                                            # [batch or 1, k]
+    return attention_rows(query, key, positions, scaling, sliding_window=sliding_window, softcap=softcap,
+                          key_mask=visible_keys)
 
 
 def _ablate_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -56,32 +71,24 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
 
     ``query [b, H, n, d]``, ``key``/``value [b, Hkv, k, d]``; returns ``([b, n, H, d], weights or None)``.
     """
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
-    state = _ACTIVE.get()
+    state = HeadAblation.active()
     heads = state.by_layer.get(int(module.layer_idx), []) if state is not None else []
     groups = query.shape[1] // key.shape[1]
     sliding = kwargs.get("sliding_window")
-    weights = None
     if state is not None and state.return_weights:
         allowed = _allowed(query, key, attention_mask, sliding)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        logits = torch.matmul(query, _repeat_kv(key, groups).transpose(-1, -2)) * scale
-        softcap = kwargs.get("softcap")
-        if softcap:
-            logits = torch.tanh(logits / softcap) * softcap
-        logits = logits.masked_fill(~allowed, float("-inf"))
-        weights = torch.softmax(logits.float(), dim=-1).to(query.dtype)
+        weights = _attention_weights(query, key, allowed, scale, sliding, kwargs.get("softcap")).to(query.dtype)
         if heads:
-            uniform = allowed.to(query.dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)
-            weights[:, heads] = uniform.expand(weights.shape[0], len(heads), -1, -1)
-        out = torch.matmul(weights, _repeat_kv(value, groups)).transpose(1, 2).contiguous()
+            weights[:, heads] = _uniform(allowed, query.dtype).expand(weights.shape[0], len(heads), -1, -1)
+        out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()
         return out, weights
     out, _ = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                     **kwargs)
     if heads:
-        allowed = _allowed(query, key, attention_mask, sliding)
-        uniform = allowed.to(value.dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)   # [b|1, 1, n, k]
+        uniform = _uniform(_allowed(query, key, attention_mask, sliding), value.dtype)   # [b|1, 1, n, k]
         kv = torch.tensor([h // groups for h in heads], device=value.device)
         vals = value.index_select(1, kv)                                                # [b, m, k, d]
         masked = torch.matmul(uniform, vals)                                            # [b, m, n, d]
@@ -90,11 +97,16 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
     return out, None
 
 
-def _register() -> None:
-    register_attention(IMPLEMENTATION, _ablate_attention)
+def _identity(model: Any) -> ModelIdentity:
+    """The identity of a :class:`~headprobe.LoadedModel`, or of a bare transformers model's config."""
+    identity = getattr(model, "identity", None)
+    if isinstance(identity, ModelIdentity):
+        return identity
+    config = transformers_model(model).config
+    return identity_from_config(config, str(getattr(config, "name_or_path", "") or "model"), "memory")
 
 
-class HeadAblation:
+class HeadAblation(AttentionSwitch, implementation=IMPLEMENTATION):
     """Context manager that masks query heads ``(layer, head)`` of ``model``.
 
     Parameters
@@ -113,11 +125,12 @@ class HeadAblation:
         A head outside the model.
     """
 
+    attention = staticmethod(_ablate_attention)
+
     def __init__(self, model: Any, heads: Iterable[tuple[int, int]], return_weights: bool = False) -> None:
-        self.model = transformers_model(model)
-        cfg = self.model.config
-        cfg = text_config(cfg)
-        layers, qheads = int(cfg.num_hidden_layers), int(cfg.num_attention_heads)
+        super().__init__(transformers_model(model))
+        identity = _identity(model)
+        layers, qheads = identity.num_layers, identity.num_query_heads
         self.heads = sorted({(int(l), int(h)) for l, h in heads})
         for l, h in self.heads:
             if not (0 <= l < layers and 0 <= h < qheads):
@@ -126,19 +139,6 @@ class HeadAblation:
         for l, h in self.heads:
             self.by_layer.setdefault(l, []).append(h)
         self.return_weights = return_weights
-        self._switch = None
-        self._token = None
-
-    def __enter__(self) -> HeadAblation:
-        _register()
-        self._switch = attention_switched(self.model, IMPLEMENTATION)
-        self._switch.__enter__()
-        self._token = _ACTIVE.set(self)
-        return self
-
-    def __exit__(self, *exc) -> None:
-        _ACTIVE.reset(self._token)
-        self._switch.__exit__(*exc)
 
 
 def random_heads(shape: tuple[int, int], k: int, seed: int = 0,
@@ -146,17 +146,8 @@ def random_heads(shape: tuple[int, int], k: int, seed: int = 0,
     """``k`` random ``(layer, head)`` drawn without replacement, none of ``exclude``."""
     pool = [(l, h) for l in range(shape[0]) for h in range(shape[1]) if (l, h) not in set(exclude)]
     if k > len(pool):
-        raise HeadprobeError(f"--k {k}: more heads than the model has to draw from ({len(pool)})")
+        raise HeadprobeError(f"{param('k', k)}: more heads than the model has to draw from ({len(pool)})")
     return sorted(random.Random(seed).sample(pool, k))
-
-
-@dataclass
-class AblationTrial:
-    item: str
-    length: int
-    depth: float
-    response: str
-    score: float
 
 
 def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int, int]],
@@ -167,7 +158,7 @@ def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int,
     model = lm.model
     tok = lm.tokenizer
     out = []
-    with HeadAblation(model, heads), torch.no_grad():
+    with HeadAblation(lm, heads), torch.no_grad():
         for item, ctx in zip(items, contexts):
             ids = torch.tensor([ctx.input_ids], device=next(model.parameters()).device)
             gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
@@ -197,19 +188,18 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     """
     from .. import __version__
     from ..haystack.context import build_context
-    from .runner import model_context
 
     if profile.query_heads is None:
         raise HeadprobeError(f"{profile.kind} profile has no head scores to rank heads by")
     profile.model.check_fits(lm.identity, what=f"{profile.kind} profile")
     scores = np.asarray(profile.query_heads, dtype=np.float64)
-    max_ctx = model_context(lm)
+    max_ctx = lm.identity.max_context
     pairs = [(it, build_context(lm.tokenizer, haystack, it.needle, L, d, chat_template, max_ctx,
                                 question=it.question)) for L in lengths for d in depths for it in items]
     its, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
     for k in ks:
         if k < 1 or k > scores.size:
-            raise HeadprobeError(f"--k {k}: expected 1 to {scores.size} heads")
+            raise HeadprobeError(f"{param('ks', k)}: expected 1 to {scores.size} heads")
     log = None
     if log_path is not None:
         settings = {"model": lm.identity.fingerprint, "profile": profile.fingerprint, "ks": list(ks),

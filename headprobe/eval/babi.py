@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 
 PEOPLE = ("Mary", "John", "Sandra", "Daniel", "Fiona", "Oscar")
 PLACES = ("kitchen", "garden", "office", "hallway", "bedroom", "bathroom", "cellar", "balcony")
@@ -92,7 +92,7 @@ def generate_question(task: str, rng: random.Random, index: int = 0) -> BabiQues
         Unknown task type.
     """
     if task not in TASKS:
-        raise HeadprobeError(f"--babi-tasks {task}: unknown task; expected one of {', '.join(TASKS)}")
+        raise HeadprobeError(f"{param('task', task)}: unknown task; expected one of {', '.join(TASKS)}")
     people = rng.sample(PEOPLE, 3)
     world = _World(rng, people)
     qid = f"babi-{task}-{index}"
@@ -137,7 +137,10 @@ def generate_question(task: str, rng: random.Random, index: int = 0) -> BabiQues
 def generate_questions(count: int, tasks: tuple[str, ...] | list[str] = TASKS, seed: int = 0) -> list[BabiQuestion]:
     """``count`` questions cycling over ``tasks``, deterministic for a seed."""
     if count < 1:
-        raise HeadprobeError(f"--babi-count {count}: expected at least 1")
+        raise HeadprobeError(f"{param('count', count)}: expected at least 1")
+    for task in tasks:
+        if task not in TASKS:
+            raise HeadprobeError(f"{param('tasks', task)}: unknown task; expected one of {', '.join(TASKS)}")
     rng = random.Random(seed)
     tasks = list(tasks)
     return [generate_question(tasks[i % len(tasks)], rng, i) for i in range(count)]

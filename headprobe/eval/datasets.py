@@ -3,17 +3,16 @@ answered under each setting and scored by LongBench's QA token-F1."""
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError
-from ..files.trial_log import TrialLog
+from ..errors import HeadprobeError, param
 from .answer_scores import score_answer
+from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
+from .setting_run import run_setting
 from .settings import EvalSetting
 
 
@@ -60,7 +59,8 @@ def load_qa_dataset(source: Any, split: str = "test", context_field: str = "cont
             if path.is_file():
                 kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
                 if kind is None:
-                    raise HeadprobeError(f"--dataset {source}: expected a .json, .jsonl, .csv or .parquet file")
+                    raise HeadprobeError(f"{param('source', str(source))}: expected a .json, .jsonl, .csv or "
+                                         ".parquet file")
                 ds = datasets.load_dataset(kind, data_files=str(path), split="train")
             elif path.is_dir() and (path / "dataset_info.json").exists():
                 ds = datasets.load_from_disk(str(path))
@@ -68,26 +68,27 @@ def load_qa_dataset(source: Any, split: str = "test", context_field: str = "cont
                     ds = ds[split]
             else:
                 ds = datasets.load_dataset(str(source), split=split)
-        except HeadprobeError:
-            raise
-        except Exception as exc:  # datasets raises many kinds; the user needs one line
+        except (OSError, ValueError, KeyError, datasets.exceptions.DatasetsError) as exc:
+            # datasets raises many kinds; the user needs one line
             msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise HeadprobeError(f"--dataset {source}: cannot load ({msg})") from None
-    missing = [f for f in (context_field, question_field, answers_field) if f not in ds.column_names]
+            raise HeadprobeError(f"{param('source', str(source))}: cannot load ({msg})") from None
+    fields = {"context_field": context_field, "question_field": question_field, "answers_field": answers_field}
+    missing = {p: f for p, f in fields.items() if f not in ds.column_names}
     if missing:
-        raise HeadprobeError(f"--dataset {name}: no field {', '.join(repr(m) for m in missing)} "
-                             f"(fields: {', '.join(ds.column_names)}); name them with --fields")
+        spelled = dict.fromkeys(param(p) for p in missing)        # the CLI names all three with one flag
+        raise HeadprobeError(f"{param('source', name)}: no field {', '.join(repr(m) for m in missing.values())} "
+                             f"(fields: {', '.join(ds.column_names)}); name them with {', '.join(spelled)}")
     rows = ds if limit is None else ds.select(range(min(limit, len(ds))))
     out = []
     for i, row in enumerate(rows):
         ans = row[answers_field]
         answers = (ans,) if isinstance(ans, str) else tuple(str(a) for a in (ans or []))
         if not answers or not any(a.strip() for a in answers):
-            raise HeadprobeError(f"--dataset {name}: row {i}: field {answers_field!r} has no answer")
+            raise HeadprobeError(f"{param('source', name)}: row {i}: field {answers_field!r} has no answer")
         out.append(QAExample(str(row.get("_id", row.get("id", i))), str(row[context_field]),
                              str(row[question_field]), answers))
     if not out:
-        raise HeadprobeError(f"--dataset {name}: no rows")
+        raise HeadprobeError(f"{param('source', name)}: no rows")
     return out
 
 
@@ -110,7 +111,7 @@ def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template:
     ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"]
     keep = len(ctx) - (len(ids) - max_length) - 2
     if keep <= 0:
-        raise HeadprobeError(f"--max-length {max_length}: too short for the question of row {ex.id}")
+        raise HeadprobeError(f"{param('max_length', max_length)}: too short for the question of row {ex.id}")
     cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
     ids = render(cut)
     return ids[:max_length] if len(ids) > max_length else ids
@@ -122,47 +123,36 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                      progress: Callable[[int], None] | None = None) -> EvalResult:
     """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
 
-    Resumable per setting through the cell log beside ``out``.
+    Each answer is generated and measured like a grid trial (:func:`~headprobe.eval.setting_run.run_setting`),
+    and the cells are logged the grid's way (:class:`~headprobe.eval.cell_log.CellLog`): a cell is logged
+    as soon as its setting has answered every example, and a resumed run skips the settings already logged.
+
+    Raises
+    ------
+    HeadprobeError
+        A setting that does not fit the model, a ``max_length`` too short for a question, an existing log
+        without ``resume``/``force``, or a log made with other settings.
     """
-    import torch
+    from .runner import resolve_budgets
 
-    from .. import __version__
-    from ..runtime import generate_compressed
-    from .runner import _cell_record, cache_measurements, cell_log_path, resolve_budget
-
-    budgets = {s.label: resolve_budget(lm, s) for s in settings}
+    budgets = resolve_budgets(lm, settings)
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
             "max_length": max_length}
-    log = TrialLog(cell_log_path(out), {"model": lm.identity.fingerprint, "task": task,
-                                        "items": [e.id for e in examples], "settings": [s.to_json() for s in settings],
-                                        "max_new_tokens": max_new_tokens, "headprobe_version": __version__},
-                   resume=resume, force=force)
-    result = EvalResult(model=lm.identity.to_json(), task=task, grid={"lengths": [max_length], "depths": [None]},
-                        settings=[s.to_json() for s in settings], cells=[],
-                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"), headprobe_version=__version__)
+    cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
+                    {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens},
+                    resume=resume, force=force)
     for s in settings:
-        cid = f"{s.label}|{max_length}|-"
-        if cid in log:
-            result.cells.append(log.done[cid])
+        if cells.resumed(cell_id(s, max_length, None)):
+            if progress:
+                progress(len(examples))
             continue
         trials = []
         for ex, ids in zip(examples, prompts):
-            start = time.perf_counter()
-            res = generate_compressed(lm, input_ids=torch.tensor([ids]), policy=s.policy, budget=budgets[s.label],
-                                      policy_options=s.options or None, max_new_tokens=max_new_tokens)
-            seconds = time.perf_counter() - start
-            text = res.texts[0]
-            trials.append({"item": ex.id, "prompt_len": len(ids), "response": text, "gold": list(ex.answers),
-                           "score": score_answer(text, list(ex.answers), "f1"),
-                           **cache_measurements(res, seconds), "new_tokens": max(1, int(res.new_tokens.shape[1]))})
+            run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens)
+            trials.append({"item": ex.id, "prompt_len": len(ids), "response": run.text, "gold": list(ex.answers),
+                           "score": score_answer(run.text, list(ex.answers), "f1"), **run.measurements()})
             if progress:
                 progress(1)
-        record = _cell_record(s, max_length, None, trials)
-        record["trial"] = cid
-        log.append(record)
-        result.cells.append(record)
-        result.save(out)
-    result.complete = True
-    result.save(out)
-    return result
+        cells.add([cell_record(s, max_length, None, trials)])
+    return cells.finish()

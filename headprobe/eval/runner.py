@@ -1,29 +1,30 @@
 """The grid runner: every setting × length × depth cell, every item in each cell, logged cell by cell.
 
-Finished cells go to a JSONL cell log (``<out>.cells.jsonl``, the trial-log format of
-:mod:`headprobe.files.trial_log`, one cell a line); the result JSON is rewritten atomically after
-each cell. An interrupted run resumes from the last finished cell and never redoes one.
+:func:`run_eval` goes in named steps: check the request, resolve every setting's budget
+(:func:`resolve_budgets`), check the prompt lengths (:class:`GridPrompts`), open or resume the cell log
+(:func:`open_cell_log`), then for each (length, depth) run the cells not yet finished together
+(:func:`run_cell_group`, one shared prompt forward per item) and log them (:mod:`headprobe.eval.cell_log`:
+the result JSON is rewritten atomically after each group). An interrupted run resumes from the last
+finished cell and never redoes one.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from ..errors import HeadprobeError
-from ..files.trial_log import TrialLog
+from ..errors import HeadprobeError, param
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
-from ..models.identity import text_config
 from .answer_scores import score_answer
+from .cell_log import CellLog, cell_id, cell_record
 from .items import EvalItem
 from .result import EvalResult
+from .setting_run import run_setting
 from .settings import EvalSetting
 
 
@@ -61,12 +62,6 @@ class EvalRequest:
     share_prefill: bool = True
 
 
-def model_context(lm: Any) -> int | None:
-    cfg = lm.model.config
-    cfg = text_config(cfg)
-    return getattr(cfg, "max_position_embeddings", None)
-
-
 def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | None = None) -> Any:
     """The ``budget`` argument of :func:`generate_compressed` for a setting: a capacity or a budget map.
 
@@ -91,31 +86,23 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
         raise HeadprobeError(f"setting {setting.label}: {exc}") from None
 
 
+def resolve_budgets(lm: Any, settings: list[EvalSetting], profile_dirs: list[Path] | None = None) -> dict[str, Any]:
+    """Every setting's budget by label (:func:`resolve_budget`), so a bad setting fails before any trial."""
+    return {s.label: resolve_budget(lm, s, profile_dirs) for s in settings}
+
+
 def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetting, budget: Any,
               max_new_tokens: int, prefill: Any = None, reference: str | None = None) -> dict[str, Any]:
-    """One generation with the setting's cache; the answer, its score, bytes and time.
+    """One generation with the setting's cache (:func:`~headprobe.eval.setting_run.run_setting`); the
+    answer, its score, bytes and time.
 
     With ``prefill`` (a :class:`~headprobe.runtime.RecordedPrefill` of this prompt) the prompt forward is
     not run again; the time reported still includes it, as if this setting had run alone. ``reference``
     is the full cache's answer, which ``fidelity`` items are scored against; the ``full`` setting's own
     answer is that reference when none is given.
     """
-    from ..runtime import generate_compressed, generate_from_prefill
-
-    start = time.perf_counter()
-    if prefill is None:
-        res = generate_compressed(lm, input_ids=torch.tensor([context.input_ids]), policy=setting.policy,
-                                  budget=budget, policy_options=setting.options or None,
-                                  max_new_tokens=max_new_tokens)
-        seconds = time.perf_counter() - start
-    else:
-        res = generate_from_prefill(lm, prefill, policy=setting.policy, budget=budget,
-                                    policy_options=setting.options or None, max_new_tokens=max_new_tokens)
-        seconds = time.perf_counter() - start + prefill.seconds
-    text = res.texts[0]
-    eos = lm.tokenizer.eos_token_id
-    new = [t for t in res.new_tokens[0].tolist() if t != lm.tokenizer.pad_token_id]
-    n_new = len(new) if eos is None or eos not in new else new.index(eos) + 1
+    run = run_setting(lm, context.input_ids, setting, budget, max_new_tokens, prefill)
+    text = run.text
     extra: dict[str, Any] = {}
     if item.scorer == "fidelity":
         if reference is None and setting.policy == "full":
@@ -129,15 +116,8 @@ def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetti
     return {
         "item": item.id, "prompt_len": context.length, "answer_span": list(context.answer_span),
         "actual_depth": round(context.actual_depth, 4), "response": text, "gold": item.gold,
-        "score": score, **extra,
-        **cache_measurements(res, seconds), "new_tokens": max(n_new, 1), "shared_prefill": prefill is not None,
+        "score": score, **extra, **run.measurements(),
     }
-
-
-def cache_measurements(res: Any, seconds: float) -> dict[str, Any]:
-    """A trial's real cache bytes (allocated, held, a full cache's) and its wall time."""
-    return {"cache_bytes": int(res.cache.memory_bytes()), "used_bytes": int(res.cache.used_bytes()),
-            "full_cache_bytes": int(res.cache.full_cache_bytes()), "seconds": round(seconds, 4)}
 
 
 def shares_prefill(setting: EvalSetting) -> bool:
@@ -147,27 +127,97 @@ def shares_prefill(setting: EvalSetting) -> bool:
     return bool(POLICIES[setting.policy].full_prefill)
 
 
-def cell_id(setting: EvalSetting, length: int, depth: float | None) -> str:
-    return f"{setting.label}|{length}|{depth:g}" if depth is not None else f"{setting.label}|{length}|-"
+class GridPrompts:
+    """The prompts of a grid: one :class:`~headprobe.haystack.context.TrialContext` per (item, length,
+    depth), built on first use and kept.
+
+    Raises
+    ------
+    HeadprobeError
+        From :meth:`check_lengths` or a call: a length beyond the model's context or the haystack.
+    """
+
+    def __init__(self, lm: Any, request: EvalRequest) -> None:
+        self.lm, self.request = lm, request
+        self._contexts: dict[tuple[str, int, float], TrialContext] = {}
+
+    def __call__(self, item: EvalItem, length: int, depth: float) -> TrialContext:
+        key = (item.id, length, depth)
+        if key not in self._contexts:
+            req = self.request
+            self._contexts[key] = build_context(self.lm.tokenizer, req.haystack, item.needle, length, depth,
+                                                req.chat_template, self.lm.identity.max_context,
+                                                question=item.question)
+        return self._contexts[key]
+
+    def check_lengths(self) -> None:
+        """Build one prompt of every length: fail before any trial on lengths the model or haystack cannot hold."""
+        for length in self.request.lengths:
+            self(self.request.items[0], length, self.request.depths[0])
 
 
-def _cell_record(setting: EvalSetting, length: int, depth: float, trials: list[dict[str, Any]]) -> dict[str, Any]:
-    n = len(trials)
-    tokens = sum(t["new_tokens"] for t in trials)
-    return {
-        "trial": cell_id(setting, length, depth), "setting": setting.label, "length": length, "depth": depth,
-        "accuracy": sum(t["score"] for t in trials) / n, "n": n,
-        "cache_bytes": sum(t["cache_bytes"] for t in trials) / n,
-        "used_bytes": sum(t["used_bytes"] for t in trials) / n,
-        "full_cache_bytes": sum(t["full_cache_bytes"] for t in trials) / n,
-        "ms_per_token": 1000.0 * sum(t["seconds"] for t in trials) / max(tokens, 1),
-        "trials": trials,
-    }
+def check_request(request: EvalRequest) -> None:
+    """Refuse a grid with nothing to ask or no cell.
+
+    Raises
+    ------
+    HeadprobeError
+        No items, no lengths or no depths.
+    """
+    if not request.items:
+        raise HeadprobeError("no questions to ask: the item list is empty")
+    if not request.lengths or not request.depths:
+        raise HeadprobeError(f"{param('lengths')} and {param('depths')}: give at least one of each")
 
 
-def cell_log_path(out: str | Path) -> Path:
-    out = Path(out)
-    return out.with_name(out.stem + ".cells.jsonl")
+def open_cell_log(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False,
+                  force: bool = False) -> CellLog:
+    """The grid's :class:`~headprobe.eval.cell_log.CellLog`, with what a resumed grid must share."""
+    log_settings = {"haystack": request.haystack.fingerprint, "items": [i.id for i in request.items],
+                    "lengths": list(request.lengths), "depths": list(request.depths),
+                    "max_new_tokens": request.max_new_tokens, "chat_template": request.chat_template}
+    grid = {"lengths": list(request.lengths), "depths": list(request.depths)}
+    return CellLog(lm, out, request.task, grid, request.settings, log_settings, resume=resume, force=force)
+
+
+def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings: list[EvalSetting],
+                   budgets: dict[str, Any], length: int, depth: float,
+                   progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+    """Run the cells of ``settings`` at one (length, depth): every item under every setting.
+
+    Items outer, settings inner: when more than one setting prefills with plain attention (and
+    ``request.share_prefill``), one recorded prompt forward per item serves them all. The full cache runs
+    first, so its answer is the reference of ``fidelity`` items; when no setting is the full cache and an
+    item needs one, a full-cache reference run comes first.
+
+    Returns
+    -------
+    list of dict
+        One :func:`~headprobe.eval.cell_log.cell_record` per setting, in the order of ``settings``.
+    """
+    from ..runtime import record_prefill
+
+    share = request.share_prefill and sum(shares_prefill(s) for s in settings) > 1
+    trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
+    full_first = sorted(settings, key=lambda s: s.policy != "full")
+    for item in request.items:
+        ctx = prompts(item, length, depth)
+        prefill = record_prefill(lm, input_ids=torch.tensor([ctx.input_ids])) if share else None
+        reference = None
+        if item.scorer == "fidelity" and not any(s.policy == "full" for s in settings):
+            reference = run_trial(lm, ctx, item, EvalSetting("reference", "full"), None, request.max_new_tokens,
+                                  prefill=prefill)["response"]
+        for s in full_first:
+            use = prefill if prefill is not None and shares_prefill(s) else None
+            trial = run_trial(lm, ctx, item, s, budgets[s.label], request.max_new_tokens, prefill=use,
+                              reference=reference)
+            trials[s.label].append(trial)
+            if item.scorer == "fidelity" and reference is None:
+                reference = trial["response"]
+            if progress:
+                progress(1)
+        del prefill
+    return [cell_record(s, length, depth, trials[s.label]) for s in settings]
 
 
 def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False, force: bool = False,
@@ -185,7 +235,7 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
     resume, force
         Continue an existing cell log (same settings), or start over.
     progress
-        Called with the number of trials just finished.
+        Called with the number of trials just finished (or found finished in the log).
 
     Raises
     ------
@@ -193,78 +243,16 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
         Settings that do not fit the model, lengths beyond its context or the haystack, an existing log
         without ``resume``/``force``, or a log made with other settings.
     """
-    from .. import __version__
-    from ..runtime import record_prefill
-
-    if not request.items:
-        raise HeadprobeError("no questions to ask (empty needle file or --limit 0)")
-    if not request.lengths or not request.depths:
-        raise HeadprobeError("--lengths and --depths: give at least one of each")
-    max_ctx = model_context(lm)
-    budgets = {s.label: resolve_budget(lm, s, request.profile_dirs) for s in request.settings}
-    contexts: dict[tuple[str, int, float], TrialContext] = {}
-
-    def context(item: EvalItem, length: int, depth: float) -> TrialContext:
-        key = (item.id, length, depth)
-        if key not in contexts:
-            contexts[key] = build_context(lm.tokenizer, request.haystack, item.needle, length, depth,
-                                          request.chat_template, max_ctx, question=item.question)
-        return contexts[key]
-
-    for length in request.lengths:   # fail before any trial on lengths the model or haystack cannot hold
-        context(request.items[0], length, request.depths[0])
-    log_settings = {
-        "model": lm.identity.fingerprint, "task": request.task, "haystack": request.haystack.fingerprint,
-        "items": [i.id for i in request.items], "lengths": list(request.lengths), "depths": list(request.depths),
-        "settings": [s.to_json() for s in request.settings], "max_new_tokens": request.max_new_tokens,
-        "chat_template": request.chat_template, "headprobe_version": __version__,
-    }
-    log = TrialLog(cell_log_path(out), log_settings, resume=resume, force=force)
-    result = EvalResult(model=lm.identity.to_json(), task=request.task,
-                        grid={"lengths": list(request.lengths), "depths": list(request.depths)},
-                        settings=[s.to_json() for s in request.settings], cells=[],
-                        created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                        headprobe_version=__version__)
-    for L in request.lengths:
-        for d in request.depths:
-            todo = []
-            for s in request.settings:
-                cid = cell_id(s, L, d)
-                if cid in log:
-                    result.cells.append(log.done[cid])
-                    if progress:
-                        progress(len(request.items))
-                else:
-                    todo.append(s)
-            if not todo:
-                continue
-            # Items outer, settings inner: one recorded prompt forward at a time serves every sharing setting.
-            # The cells of (L, d) are logged together once all their items are done.
-            share = request.share_prefill and sum(shares_prefill(s) for s in todo) > 1
-            trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in todo}
-            for item in request.items:
-                ctx = context(item, L, d)
-                prefill = record_prefill(lm, input_ids=torch.tensor([ctx.input_ids])) if share else None
-                reference = None
-                if item.scorer == "fidelity" and not any(s.policy == "full" for s in todo):
-                    # the full cache's answer, which the others are scored against, when no setting gives it
-                    reference = run_trial(lm, ctx, item, EvalSetting("reference", "full"), None,
-                                          request.max_new_tokens, prefill=prefill)["response"]
-                for s in sorted(todo, key=lambda s: s.policy != "full"):     # the full cache first: the reference
-                    use = prefill if prefill is not None and shares_prefill(s) else None
-                    trial = run_trial(lm, ctx, item, s, budgets[s.label], request.max_new_tokens, prefill=use,
-                                      reference=reference)
-                    trials[s.label].append(trial)
-                    if item.scorer == "fidelity" and reference is None:
-                        reference = trial["response"]
-                    if progress:
-                        progress(1)
-                del prefill
-            for s in todo:
-                record = _cell_record(s, L, d, trials[s.label])
-                log.append(record)
-                result.cells.append(record)
-            result.save(out)
-    result.complete = True
-    result.save(out)
-    return result
+    check_request(request)
+    budgets = resolve_budgets(lm, request.settings, request.profile_dirs)
+    prompts = GridPrompts(lm, request)
+    prompts.check_lengths()
+    cells = open_cell_log(lm, request, out, resume=resume, force=force)
+    for length in request.lengths:
+        for depth in request.depths:
+            todo = [s for s in request.settings if not cells.resumed(cell_id(s, length, depth))]
+            if progress and len(todo) < len(request.settings):
+                progress(len(request.items) * (len(request.settings) - len(todo)))
+            if todo:
+                cells.add(run_cell_group(lm, request, prompts, todo, budgets, length, depth, progress))
+    return cells.finish()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 
 #: name -> (policy, allocation, profiles, policy options)
 PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
@@ -79,7 +79,7 @@ def split_options(spec: str) -> tuple[str, dict[str, Any]]:
     from ..runtime.generate import parse_policy_options
 
     base, inner = spec[:-1].split("[", 1)
-    return base, parse_policy_options([x for x in inner.split(",") if x.strip()], f"--settings {spec}:")
+    return base, parse_policy_options([x for x in inner.split(",") if x.strip()], f"{param('spec', spec)}:")
 
 
 def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[str, str, str | None,
@@ -98,19 +98,20 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[s
         return name, policy, alloc, profs, {**opts, **bracket}
     parts = spec.split(":")
     if len(parts) > 3 or not parts[0]:
-        raise HeadprobeError(f"--settings {spec}: expected a preset ({', '.join(PRESETS)}) or "
+        raise HeadprobeError(f"{param('spec', spec)}: expected a preset ({', '.join(PRESETS)}) or "
                              "POLICY[:ALLOCATION[:PROFILE,...]]")
     policy = parts[0]
     if policies is not None and policy not in policies:
-        raise HeadprobeError(f"--settings {spec}: unknown policy {policy!r} and no such preset; presets: "
+        raise HeadprobeError(f"{param('spec', spec)}: unknown policy {policy!r} and no such preset; presets: "
                              f"{', '.join(PRESETS)}; policies: {', '.join(sorted(policies))}")
     alloc = parts[1] if len(parts) > 1 and parts[1] else None
     if alloc is not None and alloc not in ALLOCATIONS:
-        raise HeadprobeError(f"--settings {spec}: unknown allocation {alloc!r}; expected one of {', '.join(ALLOCATIONS)}")
+        raise HeadprobeError(f"{param('spec', spec)}: unknown allocation {alloc!r}; expected one of "
+                             f"{', '.join(ALLOCATIONS)}")
     profs = tuple(p for p in parts[2].split(",") if p) if len(parts) > 2 else ()
     for p in profs:
         if p not in PROFILE_KINDS and not Path(p).is_file():
-            raise HeadprobeError(f"--settings {spec}: profile {p!r} is neither a profile kind "
+            raise HeadprobeError(f"{param('spec', spec)}: profile {p!r} is neither a profile kind "
                                  f"({', '.join(PROFILE_KINDS)}) nor a file")
     if alloc in ("headkv", "combined", "dynamickv") and not profs:
         profs = {"headkv": ("retrieval_reasoning",), "dynamickv": ("layer_retention",),
@@ -129,21 +130,21 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
         A bad spec, no capacities, a capacity below 1, or a duplicate setting.
     """
     if not specs:
-        raise HeadprobeError("--settings: give at least one setting")
+        raise HeadprobeError(f"{param('specs')}: give at least one setting")
     if any(c < 1 for c in capacities):
-        raise HeadprobeError(f"--capacities {capacities}: expected positive token counts per head")
+        raise HeadprobeError(f"{param('capacities', capacities)}: expected positive token counts per head")
     out: list[EvalSetting] = []
     for spec in specs:
         name, policy, alloc, profs, opts = parse_setting(spec, policies)
-        opts = {**opts, **(options or {}), **split_options(spec)[1]}   # brackets win over --option
+        opts = {**opts, **(options or {}), **split_options(spec)[1]}   # brackets win over ``options``
         if policy == "full":
             out.append(EvalSetting(name, policy, None, (), None, {}))
             continue
         if not capacities:
-            raise HeadprobeError(f"--settings {spec}: needs --capacities")
+            raise HeadprobeError(f"{param('spec', spec)}: needs {param('capacities')}")
         out.extend(EvalSetting(name, policy, alloc, profs, int(c), dict(opts)) for c in capacities)
     labels = [s.label for s in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
-        raise HeadprobeError(f"--settings: {', '.join(dup)} given twice")
+        raise HeadprobeError(f"{param('specs')}: {', '.join(dup)} given twice")
     return out

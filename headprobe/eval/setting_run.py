@@ -1,0 +1,103 @@
+"""One setting run on one prompt, and what it is measured by: answer, real cache bytes, time, new tokens.
+
+Every eval task (needle grids, bAbI, long generation, outside datasets) generates through
+:func:`run_setting`, so bytes, time and new tokens mean the same in all of them and ``ms_per_token``
+compares across tasks.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .settings import EvalSetting
+
+
+@dataclass(frozen=True)
+class SettingRun:
+    """What one generation under a setting produced and cost.
+
+    Attributes
+    ----------
+    text
+        The decoded answer.
+    new_tokens
+        Tokens generated (:func:`count_new_tokens`).
+    cache_bytes, used_bytes, full_cache_bytes
+        Bytes the compressed cache allocated, bytes of the key/value pairs it holds, and a full cache's
+        bytes for the same tokens.
+    seconds
+        Wall time of the generation, the prompt forward included (also when it was shared).
+    shared_prefill
+        The prompt forward was a recorded one shared with other settings.
+    """
+
+    text: str
+    new_tokens: int
+    cache_bytes: int
+    used_bytes: int
+    full_cache_bytes: int
+    seconds: float
+    shared_prefill: bool = False
+
+    def measurements(self) -> dict[str, Any]:
+        """The fields every trial record carries (besides the answer and its score)."""
+        return {"cache_bytes": self.cache_bytes, "used_bytes": self.used_bytes,
+                "full_cache_bytes": self.full_cache_bytes, "seconds": round(self.seconds, 4),
+                "new_tokens": self.new_tokens, "shared_prefill": self.shared_prefill}
+
+
+def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: int | None) -> int:
+    """The generated tokens a trial is charged for, at least 1.
+
+    Pad tokens are not counted; of the rest, those up to and including the first ``eos_token_id``. (With
+    a tokenizer whose pad token is its end-of-sequence token, as SmolLM2's, the final EOS is thus not
+    counted.)
+
+    Parameters
+    ----------
+    tokens
+        ``[new]`` generated ids of one sequence.
+    """
+    new = [t for t in tokens if t != pad_token_id]
+    n = len(new) if eos_token_id is None or eos_token_id not in new else new.index(eos_token_id) + 1
+    return max(n, 1)
+
+
+def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any, max_new_tokens: int,
+                prefill: Any = None) -> SettingRun:
+    """Generate an answer to one prompt under ``setting`` with its compressed cache, greedily, and measure it.
+
+    Parameters
+    ----------
+    lm
+        A :class:`~headprobe.LoadedModel`.
+    input_ids
+        ``[prompt_len]`` token ids of the prompt.
+    setting, budget
+        The setting and its resolved budget (:func:`headprobe.eval.runner.resolve_budget`).
+    prefill
+        A :class:`~headprobe.runtime.RecordedPrefill` of this prompt: the prompt forward is not run again,
+        and the time reported still includes it, as if this setting had run alone.
+    """
+    from ..runtime import generate_compressed, generate_from_prefill
+
+    options = setting.options or None
+    start = time.perf_counter()
+    if prefill is None:
+        res = generate_compressed(lm, input_ids=torch.tensor([input_ids]), policy=setting.policy, budget=budget,
+                                  policy_options=options, max_new_tokens=max_new_tokens)
+        seconds = time.perf_counter() - start
+    else:
+        res = generate_from_prefill(lm, prefill, policy=setting.policy, budget=budget, policy_options=options,
+                                    max_new_tokens=max_new_tokens)
+        seconds = time.perf_counter() - start + prefill.seconds
+    tok = lm.tokenizer
+    return SettingRun(text=res.texts[0],
+                      new_tokens=count_new_tokens(res.new_tokens[0].tolist(), tok.eos_token_id, tok.pad_token_id),
+                      cache_bytes=int(res.cache.memory_bytes()), used_bytes=int(res.cache.used_bytes()),
+                      full_cache_bytes=int(res.cache.full_cache_bytes()), seconds=seconds,
+                      shared_prefill=prefill is not None)

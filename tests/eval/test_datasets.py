@@ -1,0 +1,83 @@
+"""The dataset task runs and measures its cells the grid's way: new tokens and ms per token mean the same."""
+
+import pytest
+import torch
+
+import headprobe
+from headprobe.eval import (
+    EvalRequest,
+    expand_settings,
+    items_from_needles,
+    load_qa_dataset,
+    run_dataset_eval,
+    run_eval,
+)
+from headprobe.eval.datasets import qa_prompt_ids
+from headprobe.haystack.context import build_context
+
+torch.set_num_threads(1)
+
+ROWS = {
+    "context": ["The lighthouse keeper kept a red notebook. " * 30, "The baker rose at four every morning. " * 30],
+    "input": ["What colour was the notebook?", "When did the baker rise?"],
+    "answers": [["red"], ["at four", "four"]],
+    "_id": ["q1", "q2"],
+}
+MAX_NEW = 8
+
+
+def _greedy(lm, ids):
+    """The model's own greedy answer (stock ``generate``, stock cache), stopping at the model's EOS."""
+    with torch.no_grad():
+        out = lm.model.generate(torch.tensor([ids]), max_new_tokens=MAX_NEW, do_sample=False,
+                                pad_token_id=lm.tokenizer.pad_token_id)
+    return out[0, len(ids):].tolist()
+
+
+def _end_answers_with(lm, token):
+    """Make ``token`` the tokenizer's end of sequence and its pad token, as SmolLM2's tokenizer has them."""
+    name = lm.tokenizer.convert_ids_to_tokens(token)
+    lm.tokenizer.eos_token = name
+    lm.tokenizer.pad_token = name
+    lm.model.generation_config.eos_token_id = token
+    lm.model.generation_config.pad_token_id = token
+    assert lm.tokenizer.eos_token_id == lm.tokenizer.pad_token_id == token
+
+
+def test_dataset_and_needle_cells_count_new_tokens_the_same_way(tiny_llama, tmp_path):
+    """Both tasks charge a trial for the tokens up to its end of sequence, padding not counted (here the pad
+    token is the EOS, so the EOS is not counted), and divide the cell's time by that."""
+    lm = tiny_llama
+    import datasets
+
+    examples = load_qa_dataset(datasets.Dataset.from_dict(ROWS))
+    ds_prompts = [qa_prompt_ids(lm.tokenizer, ex, 200, chat_template=False) for ex in examples]
+    items = items_from_needles(headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:2])
+    haystack = headprobe.load_haystack()
+    needle_prompts = [build_context(lm.tokenizer, haystack, it.needle, 300, 0.5, False, 4096,
+                                    question=it.question).input_ids for it in items]
+    # the end of sequence: a token the first dataset answer produces a few steps in, not before
+    first = _greedy(lm, ds_prompts[0])
+    step = next(i for i in range(2, len(first)) if first[i] not in first[:i])
+    _end_answers_with(lm, first[step])
+
+    def expected(ids):
+        answer = _greedy(lm, ids)
+        assert answer.count(lm.tokenizer.eos_token_id) <= 1 and len(answer) <= MAX_NEW
+        return max(1, len([t for t in answer if t != lm.tokenizer.eos_token_id]))
+
+    settings = expand_settings(["full"], [])
+    ds = run_dataset_eval(lm, examples, settings, tmp_path / "ds.json", max_length=200, max_new_tokens=MAX_NEW,
+                          chat_template=False)
+    req = EvalRequest(settings, items, [300], [0.5], haystack, {"kind": "needle"}, max_new_tokens=MAX_NEW,
+                      chat_template=False)
+    grid = run_eval(lm, req, tmp_path / "grid.json")
+    ds_trials, needle_trials = ds.cells[0]["trials"], grid.cells[0]["trials"]
+    assert [t["new_tokens"] for t in ds_trials] == [expected(ids) for ids in ds_prompts]
+    assert [t["new_tokens"] for t in needle_trials] == [expected(ids) for ids in needle_prompts]
+    # the first dataset answer ended at its EOS: charged for the `step` tokens before it, not step + 1
+    assert ds_trials[0]["new_tokens"] == step
+    for cell in (ds.cells[0], grid.cells[0]):
+        trials = cell["trials"]
+        assert cell["ms_per_token"] == pytest.approx(
+            1000 * sum(t["seconds"] for t in trials) / sum(t["new_tokens"] for t in trials))
