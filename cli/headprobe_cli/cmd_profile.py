@@ -12,6 +12,9 @@ from headprobe import probe_grid as grids
 
 from .progress import tqdm_progress
 
+#: Library parameters whose flag is not ``--`` + the parameter name (errors spell them as these flags).
+FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file"}
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(

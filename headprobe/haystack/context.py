@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from .corpus import Haystack
 from .needles import Needle
 
@@ -87,7 +87,8 @@ def render_prompt(tokenizer, user_text: str, chat_template: bool) -> tuple[str, 
                                              add_generation_prompt=True)
         offset = text.find(user_text)
         if offset < 0:
-            raise HeadprobeError("the chat template changed the prompt text; pass --no-chat-template")
+            raise HeadprobeError("the chat template changed the prompt text; "
+                                 "render the prompt without the chat template")
         return text, offset, False
     return user_text, 0, True
 
@@ -144,9 +145,9 @@ def build_context(
         If ``length`` exceeds ``max_context`` or the haystack is too short.
     """
     if max_context and length > max_context:
-        raise HeadprobeError(f"--lengths {length}: beyond the model's context of {max_context} tokens")
+        raise HeadprobeError(f"{param('lengths', length)}: beyond the model's context of {max_context} tokens")
     if not 0.0 <= depth <= 1.0:
-        raise HeadprobeError(f"--depths {depth}: expected a depth between 0 and 1 (or 0-100 percent)")
+        raise HeadprobeError(f"{param('depths', depth)}: expected a depth between 0 and 1")
     text = haystack.text
     offsets = _haystack_tokens(tokenizer, text)
     qtext = question_prompt(needle, question)
@@ -157,13 +158,14 @@ def build_context(
                                   add_special_tokens=False)["input_ids"]) + 1
     budget = length - overhead
     if budget <= 0:
-        raise HeadprobeError(f"--lengths {length}: too short for the prompt around the haystack ({overhead} tokens)")
+        raise HeadprobeError(f"{param('lengths', length)}: too short for the prompt around the haystack "
+                             f"({overhead} tokens)")
     best: TrialContext | None = None
     for _ in range(6):
         if budget > len(offsets):
             raise HeadprobeError(
                 f"haystack {haystack.name}: too short for {length} tokens ({len(offsets)} tokens of text); "
-                "pass a longer --haystack or smaller --lengths"
+                f"pass a longer {param('haystack')} or smaller {param('lengths')}"
             )
         cut = _sentence_start_at_or_before(text, offsets[budget - 1][1])
         if cut == 0:
@@ -179,7 +181,7 @@ def build_context(
             break
         budget = max(1, budget + (step if step < 0 else max(1, step // 2)))
     if best is None:
-        raise HeadprobeError(f"could not fit a prompt into {length} tokens; try a larger --lengths value")
+        raise HeadprobeError(f"could not fit a prompt into {length} tokens; try a larger {param('lengths')} value")
     return best
 
 
@@ -188,13 +190,13 @@ def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: 
     if needle is None:
         document, needle_at, actual = body, None, depth
     else:
-        insert = _sentence_start_at_or_before(body, int(round(depth * len(body))))
+        insert = _sentence_start_at_or_before(body, round(depth * len(body)))
         if depth >= 1.0:
             document = body + " " + needle.needle
             needle_at = len(body) + 1
         else:
             prefix = body[:insert]
-            document = prefix + needle.needle + (" " if insert == 0 else " ") + body[insert:]
+            document = prefix + needle.needle + " " + body[insert:]
             needle_at = insert
         actual = needle_at / max(1, len(body))
     user_text = f"{document}\n\n{qtext}"

@@ -6,7 +6,7 @@ import hashlib
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..paths import haystacks_dir
 
 
@@ -41,7 +41,7 @@ def load_haystack(path: str | Path | None = None) -> Haystack:
         if folder.is_file():
             return Haystack(name, _read(folder))
         if not folder.exists():
-            raise HeadprobeError(f"--haystack {path}: no such file or folder")
+            raise HeadprobeError(f"{param('haystack', str(path))}: no such file or folder")
     files = sorted(folder.glob("*.txt"))
     if not files:
         raise HeadprobeError(f"{folder}: no .txt files to build a haystack from")

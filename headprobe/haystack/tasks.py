@@ -6,7 +6,7 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..errors import FileFormatError, HeadprobeError
+from ..errors import FileFormatError, HeadprobeError, param
 from ..files.jsonio import iter_jsonl_objects
 from ..paths import haystacks_dir
 
@@ -56,7 +56,8 @@ def load_tasks(tasks: list[str] | None = None, folder: str | Path | None = None,
     for name in names:
         path = folder / f"{name}.jsonl"
         if not path.exists():
-            raise HeadprobeError(f"--tasks {name}: no task file {path} (available: {', '.join(available_tasks(folder))})")
+            raise HeadprobeError(f"{param('tasks', name)}: no task file {path} "
+                                 f"(available: {', '.join(available_tasks(folder))})")
         samples = []
         for where, obj in iter_jsonl_objects(path):
             for key in ("id", "instruction"):

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, NoPassingTrialsError
+from ..errors import HeadprobeError, NoPassingTrialsError, param
 from ..files.trial_log import _RESUME_FREE, read_log
 from ..models.identity import ModelIdentity
 from ..profile import LayerRetention, Profile, reduce_groups
@@ -34,10 +34,10 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
         entry["total"] += 1
         entry["passed"] += int(bool(r["gates"].get(gate)))
     if not passed:
-        hint = " or --gate likelihood" if kind == "retrieval_reasoning" else ""
+        hint = f" or {param('gate', 'likelihood')}" if kind == "retrieval_reasoning" else ""
         raise NoPassingTrialsError(
             f"{kind}: none of the {len(records)} trials passed the {gate} gate, so there is nothing to average; "
-            f"try shorter --lengths, other --needles{hint} (see the responses in the trial log)"
+            f"try shorter {param('lengths')}, other {param('needle_ids')}{hint} (see the responses in the trial log)"
         )
     layers, heads = identity.num_layers, identity.num_query_heads
     mean = [[math.fsum(r["scores"][kind][l][h] for r in passed) / len(passed) for h in range(heads)]

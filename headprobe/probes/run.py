@@ -7,12 +7,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, NoPassingTrialsError
+from ..errors import HeadprobeError, NoPassingTrialsError, param
 from ..files.jsonio import check_writable_dir
 from ..files.trial_log import TrialLog
 from ..haystack.corpus import Haystack, load_haystack
-from ..haystack.needles import load_needles, needle_set_fingerprint, shipped_needle_file
-from ..haystack.tasks import load_tasks
+from ..haystack.needles import Needle, load_needles, needle_set_fingerprint, shipped_needle_file
+from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..profile import Profile
 from .aggregate import profiles_from_log
@@ -102,104 +102,182 @@ def _haystack_for_seed(base: Haystack, seed: int) -> Haystack:
     return Haystack(f"{base.name}#seed{seed}", "\n\n".join(docs))
 
 
+@dataclass
+class _Run:
+    """What the passes of one run share; each pass adds its trial counts to ``result``."""
+
+    loaded: Any
+    request: ProfileRequest
+    common: dict[str, Any]
+    stem: str
+    progress: ProgressFactory | None
+    result: ProfileResult
+
+
 def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | None = None,
                 version: str = "") -> ProfileResult:
     """Run the requested probes on a loaded model; append trials to logs; write profiles.
 
-    With ``request.shard`` set only the logs are written (merge them with :func:`merge_profile_logs`).
+    Each pass (retrieval, reasoning, layer_retention) has its own trial log; a pass whose trials all
+    fail their gate is reported in ``failures`` and the other passes still run. With ``request.shard``
+    set only the logs are written (merge them with :func:`merge_profile_logs`).
     """
-    for probe in request.probes:
-        if probe not in PROBES:
-            raise HeadprobeError(f"--probe {probe}: unknown probe; expected one of {', '.join(PROBES)}")
-    if request.mode not in ("fast", "reference"):
-        raise HeadprobeError(f"--mode {request.mode}: expected fast or reference")
+    check_request(request)
     out_dir = check_writable_dir(request.out_dir)
     stem = request.name or model_slug(loaded.identity.name)
     shard_suffix = f".shard{request.shard[0]}of{request.shard[1]}" if request.shard else ""
     base_haystack = load_haystack(request.haystack)
-    haystacks = {s: _haystack_for_seed(base_haystack, s) for s in request.seeds}
-    common = {
+    run = _Run(loaded, request, common_settings(loaded, request, version), stem, progress, ProfileResult([], [], 0, 0))
+    for pass_name in probe_passes(request.probes):
+        log_path = out_dir / f"{stem}.{pass_name}{shard_suffix}.trials.jsonl"
+        if pass_name == "layer_retention":
+            log = _retention_pass(run, log_path)
+        else:
+            log = _needle_pass(run, pass_name, base_haystack, log_path)
+        run.result.logs.append(log_path)
+        if request.shard is None:
+            _write_profiles(log, out_dir, stem, run.result)
+    return run.result
+
+
+def check_request(request: ProfileRequest) -> None:
+    """Refuse unknown probes and modes before any work starts."""
+    for probe in request.probes:
+        if probe not in PROBES:
+            raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
+    if request.mode not in ("fast", "reference"):
+        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference")
+
+
+def probe_passes(probes: list[str]) -> list[str]:
+    """The passes that run ``probes``, in the order the probes first name them (see :data:`PASSES`)."""
+    return list(dict.fromkeys(PASSES[p] for p in probes))
+
+
+def common_settings(loaded, request: ProfileRequest, version: str) -> dict[str, Any]:
+    """Settings every pass's log records: the model and what applies to all probes."""
+    return {
         "model": loaded.identity.to_json(), "mode": request.mode, "chat_template": request.chat_template,
         "headprobe_version": version, "group_reduction": request.group_reduction,
     }
-    result = ProfileResult([], [], 0, 0)
-    passes = []
-    for probe in request.probes:
-        if PASSES[probe] not in passes:
-            passes.append(PASSES[probe])
-    for pass_name in passes:
-        probes_here = [p for p in request.probes if PASSES[p] == pass_name]
-        log_path = out_dir / f"{stem}.{pass_name}{shard_suffix}.trials.jsonl"
-        if pass_name == "layer_retention":
-            samples = [s for group in load_tasks(request.tasks, samples_per_task=request.samples_per_task).values()
-                       for s in group]
-            settings = {**common, "pass": pass_name, "probes": probes_here,
-                        "tasks": sorted({s.task for s in samples}), "samples": len(samples),
-                        "window": request.retention.window, "kernel_size": request.retention.kernel_size,
-                        "capacity": request.retention.capacity, "max_tokens": request.retention.max_tokens,
-                        "shard": list(request.shard) if request.shard else None}
-            log = TrialLog(log_path, settings, resume=request.resume, force=request.force)
-            todo = [s for s in samples if s.id not in log]
-            result.trials_skipped += len(samples) - len(todo)
-            bar = progress(len(todo), f"{stem} layer_retention") if progress else None
-            config = RetentionConfig(**{**request.retention.__dict__, "chat_template": request.chat_template})
-            for sample in todo:
-                log.append(run_retention_sample(loaded, sample, config))
-                result.trials_run += 1
-                if bar:
-                    bar(1)
-        else:
-            kind = "retrieval" if pass_name == "retrieval" else "reasoning"
-            needle_path = Path(request.needle_files.get(kind) or shipped_needle_file(kind))
-            needles = load_needles(needle_path)
-            if request.needle_ids:
-                chosen = [n for n in needles if n.id in set(request.needle_ids)]
-                if not chosen:
-                    raise HeadprobeError(f"--needles: none of {', '.join(request.needle_ids)} is in {needle_path}")
-                needles = chosen
-            wrong = [n.id for n in needles if n.kind != kind]
-            if wrong:
-                raise HeadprobeError(f"{needle_path}: needles {', '.join(wrong)} are not of kind '{kind}'")
-            for length in request.lengths:
-                if loaded.identity.max_context and length > loaded.identity.max_context:
-                    raise HeadprobeError(f"--lengths {length}: beyond the model's context of "
-                                         f"{loaded.identity.max_context} tokens")
-            settings = {**common, "pass": pass_name, "probes": probes_here, "lengths": list(request.lengths),
-                        "depths": [round(d, 6) for d in request.depths], "seeds": list(request.seeds),
-                        "needle_set": {"path": str(needle_path), "fingerprint": needle_set_fingerprint(needle_path),
-                                       "ids": [n.id for n in needles]},
-                        "haystack": {"name": base_haystack.name, "fingerprint": base_haystack.fingerprint},
-                        "gate": request.gate if kind == "reasoning" else "published",
-                        "max_new_tokens": request.max_new_tokens, "shard": list(request.shard) if request.shard else None}
-            log = TrialLog(log_path, settings, resume=request.resume, force=request.force)
-            grid = shard_trials(make_grid([n.id for n in needles], request.lengths,
-                                          [round(d, 6) for d in request.depths], request.seeds), request.shard)
-            todo: list[TrialSpec] = [t for t in grid if t.id not in log]
-            result.trials_skipped += len(grid) - len(todo)
-            bar = progress(len(todo), f"{stem} {'+'.join(probes_here)} ({request.mode})") if progress else None
-            config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
-                                       batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
-                                       gate=settings["gate"], split_attention=request.split_attention)
-            counter = {"n": 0}
 
-            def on_trial(record: dict[str, Any]) -> None:
-                log.append(record)
-                counter["n"] += 1
 
-            run_needle_trials(loaded, haystacks, {n.id: n for n in needles}, todo, config, on_trial, bar)
-            result.trials_run += counter["n"]
-        result.logs.append(log_path)
-        if request.shard is None:
-            try:
-                profiles = profiles_from_log(log.settings, list(log.records()))
-            except NoPassingTrialsError as exc:  # other passes still run; the log keeps every trial
-                result.failures.append(str(exc))
-                continue
-            for profile in profiles:
-                path = out_dir / f"{stem}.{profile.kind}.json"
-                profile.save(path)
-                result.profiles.append(path)
-    return result
+def _shard_setting(request: ProfileRequest) -> list[int] | None:
+    return list(request.shard) if request.shard else None
+
+
+def retention_settings(common: dict[str, Any], request: ProfileRequest, samples: list[TaskSample]) -> dict[str, Any]:
+    """The layer-retention pass's log settings."""
+    retention = request.retention
+    return {**common, "pass": "layer_retention", "probes": _pass_probes(request, "layer_retention"),
+            "tasks": sorted({s.task for s in samples}), "samples": len(samples),
+            "window": retention.window, "kernel_size": retention.kernel_size,
+            "capacity": retention.capacity, "max_tokens": retention.max_tokens, "shard": _shard_setting(request)}
+
+
+def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_path: Path,
+                    needles: list[Needle], haystack: Haystack) -> dict[str, Any]:
+    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``)."""
+    return {**common, "pass": pass_name, "probes": _pass_probes(request, pass_name),
+            "lengths": list(request.lengths), "depths": _rounded_depths(request), "seeds": list(request.seeds),
+            "needle_set": {"path": str(needle_path), "fingerprint": needle_set_fingerprint(needle_path),
+                           "ids": [n.id for n in needles]},
+            "haystack": {"name": haystack.name, "fingerprint": haystack.fingerprint},
+            "gate": request.gate if pass_name == "reasoning" else "published",
+            "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
+
+
+def _pass_probes(request: ProfileRequest, pass_name: str) -> list[str]:
+    return [p for p in request.probes if PASSES[p] == pass_name]
+
+
+def _rounded_depths(request: ProfileRequest) -> list[float]:
+    return [round(d, 6) for d in request.depths]
+
+
+def resolve_needles(request: ProfileRequest, kind: str) -> tuple[Path, list[Needle]]:
+    """The needle file of a kind (the request's, else the shipped one) and its needles, restricted to
+    ``request.needle_ids`` when given.
+
+    Raises
+    ------
+    HeadprobeError
+        When none of ``needle_ids`` is in the file, or the file holds needles of another kind.
+    """
+    needle_path = Path(request.needle_files.get(kind) or shipped_needle_file(kind))
+    needles = load_needles(needle_path)
+    if request.needle_ids:
+        chosen = [n for n in needles if n.id in set(request.needle_ids)]
+        if not chosen:
+            raise HeadprobeError(f"{param('needle_ids')}: none of {', '.join(request.needle_ids)} is in {needle_path}")
+        needles = chosen
+    wrong = [n.id for n in needles if n.kind != kind]
+    if wrong:
+        raise HeadprobeError(f"{needle_path}: needles {', '.join(wrong)} are not of kind '{kind}'")
+    return needle_path, needles
+
+
+def _check_lengths(loaded, lengths: list[int]) -> None:
+    max_context = loaded.identity.max_context
+    for length in lengths:
+        if max_context and length > max_context:
+            raise HeadprobeError(f"{param('lengths', length)}: beyond the model's context of {max_context} tokens")
+
+
+def _retention_pass(run: _Run, log_path: Path) -> TrialLog:
+    """Run the layer-retention samples not yet in the log."""
+    request, result = run.request, run.result
+    samples = [s for group in load_tasks(request.tasks, samples_per_task=request.samples_per_task).values()
+               for s in group]
+    log = TrialLog(log_path, retention_settings(run.common, request, samples), resume=request.resume,
+                   force=request.force)
+    todo = [s for s in samples if s.id not in log]
+    result.trials_skipped += len(samples) - len(todo)
+    bar = run.progress(len(todo), f"{run.stem} layer_retention") if run.progress else None
+    config = RetentionConfig(**{**request.retention.__dict__, "chat_template": request.chat_template})
+    for sample in todo:
+        log.append(run_retention_sample(run.loaded, sample, config))
+        result.trials_run += 1
+        if bar:
+            bar(1)
+    return log
+
+
+def _needle_pass(run: _Run, pass_name: str, base_haystack: Haystack, log_path: Path) -> TrialLog:
+    """Run the needle trials of a pass (``"retrieval"`` or ``"reasoning"``) not yet in the log."""
+    request, result = run.request, run.result
+    kind = "retrieval" if pass_name == "retrieval" else "reasoning"
+    needle_path, needles = resolve_needles(request, kind)
+    _check_lengths(run.loaded, request.lengths)
+    settings = needle_settings(run.common, request, pass_name, needle_path, needles, base_haystack)
+    log = TrialLog(log_path, settings, resume=request.resume, force=request.force)
+    grid = shard_trials(make_grid([n.id for n in needles], request.lengths, _rounded_depths(request), request.seeds),
+                        request.shard)
+    todo: list[TrialSpec] = [t for t in grid if t.id not in log]
+    result.trials_skipped += len(grid) - len(todo)
+    probes_here = settings["probes"]
+    bar = run.progress(len(todo), f"{run.stem} {'+'.join(probes_here)} ({request.mode})") if run.progress else None
+    config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
+                               batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
+                               gate=settings["gate"], split_attention=request.split_attention)
+    haystacks = {s: _haystack_for_seed(base_haystack, s) for s in request.seeds}
+    logged_before = len(log.done)
+    run_needle_trials(run.loaded, haystacks, {n.id: n for n in needles}, todo, config, log.append, bar)
+    result.trials_run += len(log.done) - logged_before
+    return log
+
+
+def _write_profiles(log: TrialLog, out_dir: Path, stem: str, result: ProfileResult) -> None:
+    """Write the profiles of a finished pass; a pass in which no trial passed goes to ``result.failures``."""
+    try:
+        profiles = profiles_from_log(log.settings, list(log.records()))
+    except NoPassingTrialsError as exc:  # other passes still run; the log keeps every trial
+        result.failures.append(str(exc))
+        return
+    for profile in profiles:
+        path = out_dir / f"{stem}.{profile.kind}.json"
+        profile.save(path)
+        result.profiles.append(path)
 
 
 def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str | None = None) -> list[Path]:

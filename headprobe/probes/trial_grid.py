@@ -50,9 +50,9 @@ def default_grid(on_gpu: bool, max_context: int | None) -> tuple[tuple[int, ...]
     """Lengths, depths and a description of the default grid for this machine and model."""
     if on_gpu:
         top = min(10000, max_context or 10000)
-        lengths = FULL_LENGTHS if top >= 10000 else tuple(int(round(1000 + i * (top - 1000) / 4)) for i in range(5))
+        lengths = FULL_LENGTHS if top >= 10000 else tuple(round(1000 + i * (top - 1000) / 4) for i in range(5))
         return lengths, FULL_DEPTHS, f"full grid (5 lengths up to {lengths[-1]}, 10 depths)"
-    return CPU_LENGTHS, CPU_DEPTHS, "CPU grid (--grid full for HeadKV's)"
+    return CPU_LENGTHS, CPU_DEPTHS, f"CPU grid ({param('grid', 'full')} for HeadKV's)"
 
 
 def full_grid(max_context: int | None) -> tuple[tuple[int, ...], tuple[float, ...], str]:
@@ -71,9 +71,9 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
     try:
         i, n = (int(x) for x in text.split("/"))
     except ValueError:
-        raise HeadprobeError(f"--shard {text}: expected i/n, e.g. 0/4") from None
+        raise HeadprobeError(f"{param('shard', text)}: expected i/n, e.g. 0/4") from None
     if n < 1 or not 0 <= i < n:
-        raise HeadprobeError(f"--shard {text}: expected 0 <= i < n")
+        raise HeadprobeError(f"{param('shard', text)}: expected 0 <= i < n")
     return i, n
 
 
