@@ -24,8 +24,10 @@ def param(name: str, value: object = _UNSET) -> str:
     >>> param("lengths", 20), param("force", True), param("prompt_len")
     ('lengths=20', 'force=True', 'prompt_len')
     >>> with flag_spelling({"prompt_len": "--prompt-len"}):
-    ...     param("lengths", 20), param("force", True), param("prompt_len")
-    ('--lengths 20', '--force', '--prompt-len')
+    ...     param("lengths", 20), param("force", True), param("prompt_len"), param("chat_template", False)
+    ('--lengths 20', '--force', '--prompt-len', '--no-chat-template')
+
+    A ``False`` switch is spelled as its ``--no-`` flag on the command line.
     """
     flags = _FLAGS.get()
     if flags is None:
@@ -33,6 +35,8 @@ def param(name: str, value: object = _UNSET) -> str:
     flag = flags.get(name, "--" + name.replace("_", "-"))
     if value is _UNSET or value is True:
         return flag
+    if value is False:
+        return flags.get(f"{name}=False", "--no-" + flag.removeprefix("--"))
     return f"{flag} {value}"
 
 
