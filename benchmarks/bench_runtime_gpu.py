@@ -2,7 +2,7 @@
 
 Usage::
 
-    python benchmarks/bench_runtime_gpu.py [--segments 8] [--length 4096] [--group 4]
+    python benchmarks/bench_runtime_gpu.py [--segments 96] [--length 4096] [--group 4]
     python benchmarks/bench_runtime_gpu.py --resources [--arch 90]     # no GPU needed
 
 The first form (CUDA) times one ragged decode attention step over ``segments`` KV heads of ragged
@@ -68,7 +68,7 @@ def resources(arch: int, head_dim: int = 128, group: int = 4) -> list[dict]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--segments", type=int, default=8)
+    ap.add_argument("--segments", type=int, default=96)
     ap.add_argument("--length", type=int, default=4096)
     ap.add_argument("--group", type=int, default=4)
     ap.add_argument("--head-dim", type=int, default=128)
