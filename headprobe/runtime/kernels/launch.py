@@ -10,6 +10,7 @@ their configurations; under the interpreter the first configuration is used, whi
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -39,8 +40,14 @@ def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
 def sm_count(device: torch.device) -> int:
     """Streaming multiprocessors of ``device``; :data:`DEFAULT_SM_COUNT` off CUDA."""
     if device.type == "cuda":
-        return int(torch.cuda.get_device_properties(device).multi_processor_count)
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        return _cuda_sm_count(index)
     return DEFAULT_SM_COUNT
+
+
+@functools.cache
+def _cuda_sm_count(index: int) -> int:
+    return int(torch.cuda.get_device_properties(index).multi_processor_count)
 
 
 class LazyKernel:
