@@ -30,6 +30,16 @@ def interpreting() -> bool:
     return bool(knobs.runtime.interpret)
 
 
+def interpreter_loaded() -> bool:
+    """Whether Triton was imported with ``TRITON_INTERPRET=1`` (its own helpers are then interpreted)."""
+    try:
+        from triton.language import standard
+        from triton.runtime.jit import JITFunction
+    except ImportError:
+        return False
+    return not isinstance(getattr(standard, "zeros", None), JITFunction)
+
+
 def device_guard(device: torch.device) -> contextlib.AbstractContextManager:
     """Make ``device`` the current CUDA device for a launch (a no-op for CPU tensors)."""
     if device.type == "cuda":
@@ -87,6 +97,8 @@ class LazyKernel:
 
     def launch(self, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> None:
         """Run the kernel over ``grid``; the meta-parameters autotuning does not choose are filled in."""
+        if interpreting() and not interpreter_loaded():
+            raise RuntimeError("TRITON_INTERPRET=1 was set after Triton was imported; set it before")
         if interpreting() or len(self.configs) == 1:
             meta, warps, stages = self.configs[0]
             kwargs = {**meta, "num_warps": warps, "num_stages": stages, **kwargs}

@@ -20,18 +20,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from headprobe.runtime.kernels.launch import interpreter_loaded
+
 _RESULTS_ENV = "HEADPROBE_INTERPRETED_RESULTS"
 _CHILD_TIMEOUT_S = 900
-
-
-def interpreter_loaded() -> bool:
-    """Whether this process imported Triton under ``TRITON_INTERPRET=1`` (its helpers interpreted)."""
-    try:
-        from triton.language import standard
-        from triton.runtime.interpreter import InterpretedFunction
-    except ImportError:
-        return False
-    return isinstance(standard.zeros, InterpretedFunction)
 
 
 def _needs_interpreter(item) -> bool:

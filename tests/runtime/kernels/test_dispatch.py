@@ -122,6 +122,21 @@ def test_errors_of_a_kernel_that_launched_before_are_raised(fresh_dispatch, monk
     assert fresh_dispatch.launch_failure() is None
 
 
+def test_interpreter_switched_on_after_triton_import_falls_back_with_the_reason(fresh_dispatch, monkeypatch):
+    from headprobe.runtime.kernels.launch import interpreter_loaded
+
+    if interpreter_loaded():
+        pytest.skip("this process imported Triton under TRITON_INTERPRET=1")
+    keys, values, positions, sel = _prompt()
+    ref_store, _ = _torch_results(fresh_dispatch, keys, values, positions, sel, torch.randn(2, 6, 1, 16),
+                                  torch.tensor([[40], [40]]))
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    fresh_dispatch.set_backend("triton")
+    with pytest.warns(RuntimeWarning, match="set after Triton was imported"):
+        store = _store(keys, values, positions, sel)
+    assert torch.equal(store.keys, ref_store.keys)
+
+
 def test_forced_triton_without_a_device_warns_once(fresh_dispatch, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     fresh_dispatch.set_backend("triton")
