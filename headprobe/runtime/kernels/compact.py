@@ -2,6 +2,8 @@
 
 Grid: ``(segments, ceil(k_max / BLOCK_T))``; program ``(s, t)`` copies kept tokens ``t·BLOCK_T ..`` of
 segment ``s = b · kv_heads + h`` to rows ``offsets[s] + t·BLOCK_T ..`` and writes ``lengths[s]``.
+Source offsets are computed in int64 (a layer's prompt K/V can hold more than 2^31 elements) and the
+token index is clamped to the prompt, as the PyTorch path does.
 """
 
 from __future__ import annotations
@@ -10,21 +12,23 @@ import torch
 import triton
 import triton.language as tl
 
+from .launch import LazyKernel, device_guard
 
-@triton.jit
+
 def _compact_kernel(K, V, P, IDX, CNT, OFF, OK, OV, OP, LEN,
                     heads, n_tokens, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                     stride_pb, stride_idx,
                     D: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr):
     s = tl.program_id(0)
     tb = tl.program_id(1)
-    b = s // heads
-    h = s % heads
+    b = (s // heads).to(tl.int64)
+    h = (s % heads).to(tl.int64)
     cnt = tl.load(CNT + s)
-    off = tl.load(OFF + s)
+    off = tl.load(OFF + s).to(tl.int64)
     t = tb * BLOCK_T + tl.arange(0, BLOCK_T)
     tmask = t < cnt
-    src = tl.load(IDX + s * stride_idx + t, mask=tmask, other=0)
+    src = tl.load(IDX + s.to(tl.int64) * stride_idx + t, mask=tmask, other=0).to(tl.int64)
+    src = tl.minimum(tl.maximum(src, 0), n_tokens - 1)
     d = tl.arange(0, BLOCK_D)
     m2 = tmask[:, None] & (d[None, :] < D)
     k = tl.load(K + b * stride_kb + h * stride_kh + src[:, None] * stride_kn + d[None, :], mask=m2, other=0.0)
@@ -38,23 +42,42 @@ def _compact_kernel(K, V, P, IDX, CNT, OFF, OK, OV, OP, LEN,
         tl.store(LEN + s, cnt)
 
 
+#: One configuration: a pure copy whose tile size barely matters; autotuning it would cost more than the
+#: one launch per layer and prompt it could speed up.
+COMPACT_KERNEL = LazyKernel(_compact_kernel, [({"BLOCK_T": 32}, 4, 1)])
+
+
 def compact_triton(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, index: torch.Tensor,
                    count: torch.Tensor, offsets: torch.Tensor, out_keys: torch.Tensor, out_values: torch.Tensor,
-                   out_positions: torch.Tensor, out_lengths: torch.Tensor, block_t: int = 32) -> None:
-    """Same contract as :func:`~headprobe.runtime.kernels.torch_ref.compact_torch`, plus ``out_lengths``."""
-    b, h, n, d = keys.shape
+                   out_positions: torch.Tensor, out_lengths: torch.Tensor) -> None:
+    """Same contract as :func:`~headprobe.runtime.kernels.torch_ref.compact_torch`, plus ``out_lengths``.
+
+    Parameters
+    ----------
+    keys, values
+        ``[batch, kv_heads, tokens, head_dim]`` (any strides with a unit last stride).
+    positions
+        ``[batch, tokens]``.
+    index, count, offsets
+        ``[segments, k_max]`` token indices (clamped to ``0 .. tokens - 1``), ``[segments]`` counts and
+        first flat rows.
+    out_keys, out_values, out_positions, out_lengths
+        ``[rows, head_dim]``, ``[rows]`` and ``[segments]`` outputs, written in place.
+    """
+    _, h, n, d = keys.shape
     s, k_max = index.shape
-    if k_max == 0:
-        out_lengths.zero_()
+    if k_max == 0 or n == 0:
+        out_lengths.copy_(count)
         return
     keys = keys if keys.stride(-1) == 1 else keys.contiguous()
     values = values if values.stride(-1) == 1 else values.contiguous()
-    positions = positions.contiguous()
-    index = index.contiguous()
-    grid = (s, triton.cdiv(k_max, block_t))
-    _compact_kernel[grid](keys, values, positions, index, count.contiguous(), offsets.contiguous(),
-                          out_keys, out_values, out_positions, out_lengths,
-                          h, n, keys.stride(0), keys.stride(1), keys.stride(2),
-                          values.stride(0), values.stride(1), values.stride(2),
-                          positions.stride(0), index.stride(0),
-                          D=d, BLOCK_T=block_t, BLOCK_D=triton.next_power_of_2(d))
+    positions = positions if positions.stride(-1) == 1 else positions.contiguous()
+    index = index if index.stride(-1) == 1 else index.contiguous()
+    grid = (s, triton.cdiv(k_max, COMPACT_KERNEL.configs[0][0]["BLOCK_T"]))
+    with device_guard(keys.device):
+        COMPACT_KERNEL.launch(grid, keys, values, positions, index, count.contiguous(), offsets.contiguous(),
+                              out_keys, out_values, out_positions, out_lengths,
+                              h, n, keys.stride(0), keys.stride(1), keys.stride(2),
+                              values.stride(0), values.stride(1), values.stride(2),
+                              positions.stride(0), index.stride(0),
+                              D=d, BLOCK_D=triton.next_power_of_2(d))

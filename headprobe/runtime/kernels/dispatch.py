@@ -3,16 +3,23 @@
 ``auto`` (default) uses Triton for CUDA tensors when Triton is installed, PyTorch otherwise. ``triton``
 forces the kernels (on CPU tensors they run only under ``TRITON_INTERPRET=1``); where they cannot run, the
 PyTorch path is used and a warning says so once.
+
+The first launch of each kernel is tried: Triton compiles a kernel and builds its launcher (which needs a
+C compiler, the Python headers and ``libcuda.so.1``) on first use, so an installed Triton can still fail
+there. A failed first launch warns once, switches this process to the PyTorch path and returns the
+PyTorch result; errors of a kernel that has launched before are raised.
 """
 
 from __future__ import annotations
 
-import os
+import functools
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 
+from .launch import interpreting
 from .torch_ref import compact_torch, ragged_attention_torch
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -21,6 +28,12 @@ if TYPE_CHECKING:  # pragma: no cover
 BACKENDS = ("auto", "torch", "triton")
 _backend = "auto"
 _warned: set[str] = set()
+#: Kernels that have launched once in this process (their later errors are real errors).
+_launched: set[str] = set()
+#: Why Triton was switched off in this process (first launch failed), or ``None``.
+_launch_failure: str | None = None
+
+T = TypeVar("T")
 
 
 def set_backend(name: str) -> str:
@@ -37,42 +50,83 @@ def get_backend() -> str:
     return _backend
 
 
+@functools.cache
 def triton_available() -> bool:
+    """Whether Triton imports (checked once per process)."""
     try:
         import triton  # noqa: F401
-    except Exception:
+    except Exception:  # noqa: BLE001 - a broken install raises more than ImportError; either way no Triton
         return False
     return True
 
 
+def launch_failure() -> str | None:
+    """Why the Triton kernels were switched off in this process (a first launch failed), else ``None``."""
+    return _launch_failure
+
+
+def reset_launch_state() -> None:
+    """Forget launch failures, launched kernels and given warnings (a fresh process's state)."""
+    global _launch_failure
+    _launch_failure = None
+    _launched.clear()
+    _warned.clear()
+
+
+def _warn_once(reason: str) -> None:
+    if reason not in _warned:
+        _warned.add(reason)
+        warnings.warn(f"headprobe: {reason}; using the PyTorch path", RuntimeWarning, stacklevel=4)
+
+
 def _use_triton(device: torch.device) -> bool:
-    if _backend == "torch":
+    if _backend == "torch" or _launch_failure is not None:
         return False
-    interpret = os.environ.get("TRITON_INTERPRET") == "1"
-    runnable = triton_available() and (device.type == "cuda" or (interpret and device.type == "cpu"))
+    runnable = triton_available() and (device.type == "cuda" or (device.type == "cpu" and interpreting()))
     if _backend == "triton":
         if not runnable:
             reason = "Triton is not installed" if not triton_available() else \
                 f"Triton cannot launch on {device.type} (set TRITON_INTERPRET=1 to interpret on CPU)"
-            if reason not in _warned:
-                _warned.add(reason)
-                warnings.warn(f"headprobe: {reason}; using the PyTorch path", RuntimeWarning, stacklevel=3)
+            _warn_once(reason)
             return False
         return True
     return runnable and device.type == "cuda"
 
 
+def _first_launch(kernel: str, launch: Callable[[], T], fallback: Callable[[], T]) -> T:
+    """Run ``launch``; if this kernel has never launched and it raises, warn, switch Triton off, fall back."""
+    global _launch_failure
+    if kernel in _launched:
+        return launch()
+    try:
+        result = launch()
+    except Exception as exc:  # noqa: BLE001 - compiler, launcher build, driver: any reason it cannot run here
+        detail = (str(exc).strip().splitlines() or [""])[0][:200]
+        _launch_failure = f"the Triton {kernel} kernel failed to launch ({type(exc).__name__}: {detail})"
+        _warn_once(_launch_failure)
+        return fallback()
+    _launched.add(kernel)
+    return result
+
+
 def compact(store: LayerStore, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
             selection: Selection) -> None:
     """Gather the selected prompt pairs of every segment of a layer into the store (one launch)."""
-    if _use_triton(keys.device):
-        from .compact import compact_triton
-        compact_triton(keys, values, positions, selection.index, selection.count, store.offsets,
-                       store.keys, store.values, store.positions, store.lengths)
-    else:
+
+    def with_torch() -> None:
         compact_torch(keys, values, positions, selection.index, selection.count, store.offsets,
                       store.keys, store.values, store.positions)
         store.lengths.copy_(selection.count)
+
+    if not _use_triton(keys.device):
+        return with_torch()
+
+    def with_triton() -> None:
+        from .compact import compact_triton
+        compact_triton(keys, values, positions, selection.index, selection.count, store.offsets,
+                       store.keys, store.values, store.positions, store.lengths)
+
+    return _first_launch("compaction", with_triton, with_torch)
 
 
 def ragged_attention(query: torch.Tensor, store: LayerStore, query_positions: torch.Tensor, scaling: float,
@@ -81,9 +135,19 @@ def ragged_attention(query: torch.Tensor, store: LayerStore, query_positions: to
 
     Returns ``[batch, q_heads, n, head_dim]``.
     """
-    if query.shape[2] == 1 and not softcap and _use_triton(query.device):
+
+    def with_torch() -> torch.Tensor:
+        view = store.padded()
+        return ragged_attention_torch(query, view["keys"], view["values"], view["positions"], view["valid"],
+                                      query_positions, scaling, sliding_window, softcap, view.get("log_votes"))
+
+    if query.shape[2] != 1 or softcap or not _use_triton(query.device):
+        return with_torch()
+
+    def with_triton() -> torch.Tensor:
         from .ragged_decode import ragged_decode_triton
-        return ragged_decode_triton(query, store, query_positions, scaling, sliding_window)
-    view = store.padded()
-    return ragged_attention_torch(query, view["keys"], view["values"], view["positions"], view["valid"],
-                                  query_positions, scaling, sliding_window, softcap, view.get("log_votes"))
+        return ragged_decode_triton(query, store.keys, store.values, store.positions, store.offsets,
+                                    store.lengths, store.kv_heads, query_positions, scaling, sliding_window,
+                                    store.log_votes)
+
+    return _first_launch("ragged decode", with_triton, with_torch)

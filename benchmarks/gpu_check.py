@@ -1,0 +1,630 @@
+"""Everything the GPU must show, in one command (under 10 minutes on one H100).
+
+    python benchmarks/gpu_check.py --out gpu-check              # a machine with CUDA and Triton
+    python benchmarks/gpu_check.py --dry-run --out /tmp/check    # CPU: tiny shapes, Triton interpreted
+
+Sections (each records ``ok``, its figures and its seconds; a failing section records the error and the
+others still run):
+
+``copy_bandwidth``
+    GB/s of one large ``torch.empty(...).copy_()`` (bytes read + written): the yardstick of the kernels.
+``compaction``
+    The Triton compaction kernel vs the PyTorch path at Mistral-7B's shapes (8 KV heads, head_dim 128,
+    a 32K prompt, ragged kept counts): written buffers identical, time, GB/s and share of copy bandwidth.
+``ragged_decode``
+    The Triton decode kernel vs the PyTorch path over ragged heads of several budgets (32 query heads on
+    8 KV heads): largest difference, time, GB/s of K/V read and share of copy bandwidth, split-K used.
+``profile_forward``
+    Fast-mode profiling (``headprobe.run_profile``) of a random-weight model with Mistral-7B's attention
+    shapes (hidden 4096, 32 query heads, 8 KV heads, head_dim 128) at 32K: the CUDA prompt forward runs,
+    scores are finite; seconds per trial and peak memory.
+``profile_modes``
+    Fast vs reference profiling of that model at 8K on the same trials: time ratio, Spearman of the
+    query-head scores, top-10 overlap.
+``compressed_decode``
+    ``headprobe.generate_compressed`` at a 32K prompt (``full`` and ``snapkv`` through the Triton kernels,
+    ``snapkv`` through the PyTorch path) vs ``model.generate`` with SDPA over a full cache: prefill
+    seconds, decode ms per token, cache bytes, peak memory, tokens agreeing with SDPA.
+
+Writes ``OUT/gpu_check.json`` (format ``headprobe-gpu-check``, version 1) after every section, and
+``OUT/gpu_check.md`` (one table a section). The model is random (no download): shapes and speed only,
+no quality. Timings are single runs after a warm-up; treat them as indicative.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+import os
+import platform
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+FORMAT = "headprobe-gpu-check"
+VERSION = 1
+SECTIONS = ("copy_bandwidth", "compaction", "ragged_decode", "profile_forward", "profile_modes",
+            "compressed_decode")
+
+
+@dataclass
+class Shapes:
+    """Sizes of one check run (the full check on CUDA, or the CPU dry run)."""
+
+    device: str
+    dtype: str
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    intermediate: int
+    max_context: int
+    copy_mib: int
+    compact_tokens: int
+    compact_keep: tuple[int, int]
+    decode_lengths: list[int]
+    timing_reps: int
+    profile_length: int
+    profile_depths: list[float]
+    modes_length: int
+    modes_needles: int
+    modes_depths: list[float]
+    decode_prompt: int
+    new_tokens: int
+    capacity: int
+    tokenizer_vocab: int = 2000
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+FULL = Shapes(device="cuda", dtype="bfloat16", hidden=4096, heads=32, kv_heads=8, head_dim=128, layers=4,
+              intermediate=14336, max_context=32768, copy_mib=2048, compact_tokens=32768,
+              compact_keep=(512, 8192), decode_lengths=[256, 1024, 4096, 32768], timing_reps=50,
+              profile_length=32768, profile_depths=[0.0, 0.5, 1.0], modes_length=8192,
+              modes_needles=2, modes_depths=[0.0, 0.25, 0.5, 0.75, 1.0],
+              decode_prompt=32768 - 64, new_tokens=64, capacity=2048)
+DRY = Shapes(device="cpu", dtype="float32", hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2,
+             intermediate=128, max_context=2048, copy_mib=32, compact_tokens=512, compact_keep=(16, 200),
+             decode_lengths=[64, 300], timing_reps=2, profile_length=512, profile_depths=[0.0, 0.5, 1.0],
+             modes_length=512, modes_needles=2, modes_depths=[0.0, 0.5, 1.0],
+             decode_prompt=400, new_tokens=6, capacity=64, tokenizer_vocab=600)
+
+
+# ---- small helpers ---------------------------------------------------------------------------------
+
+def _sync(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device, reps: int, warmup: int = 1) -> float:
+    """Mean seconds of ``fn`` over ``reps`` calls after ``warmup`` calls."""
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    _sync(device)
+    return (time.perf_counter() - start) / reps
+
+
+def _reset_peak(device) -> None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def _peak_mib(device) -> float | None:
+    import torch
+
+    if torch.device(device).type == "cuda":
+        return round(torch.cuda.max_memory_allocated(device) / 2**20, 1)
+    return None
+
+
+def _dtype(name: str):
+    import torch
+
+    return getattr(torch, name)
+
+
+def _r(x: float, digits: int = 4) -> float:
+    return float(f"{x:.{digits}g}")
+
+
+# ---- the model -------------------------------------------------------------------------------------
+
+class Workbench:
+    """What several sections share: the random model, its tokenizer, a long haystack, the copy bandwidth."""
+
+    def __init__(self, shapes: Shapes, work_dir: Path) -> None:
+        self.shapes = shapes
+        self.work_dir = work_dir
+        self.copy_gbps: float | None = None
+        self._loaded = None
+        self._haystack: Path | None = None
+
+    def haystack(self) -> Path:
+        """The shipped haystack repeated until long enough for the longest prompt."""
+        import headprobe
+
+        if self._haystack is None:
+            text = headprobe.load_haystack(None).text
+            self._haystack = self.work_dir / "haystack.txt"
+            self._haystack.write_text("\n\n".join([text] * 4))
+        return self._haystack
+
+    def loaded(self):
+        """A random MistralForCausalLM with the configured shapes and a small BPE tokenizer."""
+        if self._loaded is None:
+            self._loaded = self._build()
+        return self._loaded
+
+    def _build(self):
+        import torch
+        from tokenizers import ByteLevelBPETokenizer
+        from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
+
+        import headprobe
+
+        s = self.shapes
+        bpe = ByteLevelBPETokenizer()
+        bpe.train_from_iterator([headprobe.load_haystack(None).text], vocab_size=s.tokenizer_vocab,
+                                min_frequency=1, special_tokens=["<s>", "</s>", "<pad>"], show_progress=False)
+        tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
+                                      pad_token="<pad>")
+        config = MistralConfig(vocab_size=len(tok), hidden_size=s.hidden, intermediate_size=s.intermediate,
+                               num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                               num_key_value_heads=s.kv_heads, head_dim=s.head_dim, sliding_window=None,
+                               max_position_embeddings=s.max_context, bos_token_id=tok.bos_token_id,
+                               eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        torch.manual_seed(0)
+        with torch.device(s.device):
+            model = MistralForCausalLM(config)
+        model = model.to(_dtype(s.dtype)).eval()
+        model.config._attn_implementation = "sdpa"
+        identity = headprobe.ModelIdentity(
+            name="random-mistral-7b-attention", source="random weights", architecture="mistral",
+            num_layers=s.layers, num_query_heads=s.heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
+            layer_types=("full_attention",) * s.layers, max_context=s.max_context)
+        return headprobe.LoadedModel(model=model, tokenizer=tok, identity=identity)
+
+
+# ---- sections --------------------------------------------------------------------------------------
+
+def section_copy_bandwidth(bench: Workbench) -> dict:
+    import torch
+
+    s = bench.shapes
+    n = s.copy_mib * 2**20
+    src = torch.empty(n, dtype=torch.uint8, device=s.device).fill_(1)
+    dst = torch.empty_like(src)
+    seconds = timed(lambda: dst.copy_(src), s.device, reps=max(3, s.timing_reps // 5))
+    bench.copy_gbps = 2 * n / seconds / 1e9
+    return {"ok": bool(torch.equal(src, dst)), "bytes": n, "ms": _r(seconds * 1e3),
+            "gb_per_s": _r(bench.copy_gbps)}
+
+
+def _share(gbps: float, bench: Workbench) -> float | None:
+    return _r(gbps / bench.copy_gbps, 3) if bench.copy_gbps else None
+
+
+def section_compaction(bench: Workbench) -> dict:
+    import torch
+
+    from headprobe.runtime.kernels.compact import compact_triton
+    from headprobe.runtime.kernels.torch_ref import compact_torch
+
+    s = bench.shapes
+    dev, dtype = torch.device(s.device), _dtype(s.dtype)
+    g = torch.Generator(device=dev).manual_seed(0)
+    heads, n, d = s.kv_heads, s.compact_tokens, s.head_dim
+    keys = torch.randn(1, heads, n, d, device=dev, dtype=dtype, generator=g)
+    values = torch.randn(1, heads, n, d, device=dev, dtype=dtype, generator=g)
+    positions = torch.arange(n, device=dev)[None]
+    count = torch.randint(s.compact_keep[0], s.compact_keep[1] + 1, (heads,), device=dev, generator=g)
+    k_max = int(count.max())
+    index = torch.argsort(torch.rand(heads, n, device=dev, generator=g), dim=1)[:, :k_max].sort(1).values
+    capacity = count + 64
+    offsets = torch.cumsum(capacity, 0) - capacity
+    rows = int(capacity.sum())
+
+    def buffers():
+        return (torch.zeros(rows, d, device=dev, dtype=dtype), torch.zeros(rows, d, device=dev, dtype=dtype),
+                torch.full((rows,), -1, device=dev, dtype=torch.int32), torch.zeros_like(count))
+
+    ref, fast = buffers(), buffers()
+    compact_torch(keys, values, positions, index, count, offsets, *ref[:3])
+    compact_triton(keys, values, positions, index, count, offsets, *fast)
+    exact = all(bool(torch.equal(a, b)) for a, b in zip(ref[:3], fast[:3])) and bool(torch.equal(fast[3], count))
+    t_fast = timed(lambda: compact_triton(keys, values, positions, index, count, offsets, *fast), dev,
+                   s.timing_reps)
+    t_ref = timed(lambda: compact_torch(keys, values, positions, index, count, offsets, *ref[:3]), dev,
+                  s.timing_reps)
+    kept = int(count.sum())
+    moved = kept * (2 * d * keys.element_size() * 2 + 8 + 8 + 4)   # K,V read+write; index, position, row
+    gbps = moved / t_fast / 1e9
+    return {"ok": exact, "exact": exact, "kv_heads": heads, "prompt_tokens": n, "head_dim": d,
+            "dtype": s.dtype, "kept_pairs": kept, "triton_ms": _r(t_fast * 1e3), "torch_ms": _r(t_ref * 1e3),
+            "speedup": _r(t_ref / t_fast, 3), "gb_per_s": _r(gbps), "share_of_copy": _share(gbps, bench)}
+
+
+def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None, g) -> dict:
+    """One ragged decode step over ``kv_heads`` segments of ``budget/2 .. budget`` pairs, both paths."""
+    import torch
+
+    from headprobe.runtime.kernels import launch, ragged_decode
+    from headprobe.runtime.kernels.torch_ref import ragged_attention_torch
+
+    s = bench.shapes
+    dev, dtype = torch.device(s.device), _dtype(s.dtype)
+    heads, d = s.kv_heads, s.head_dim
+    tol = 2e-2 if dtype != torch.float32 else 1e-4
+    lengths = torch.randint(budget // 2, budget + 1, (heads,), device=dev, generator=g)
+    capacity = lengths + 64
+    offsets = torch.cumsum(capacity, 0) - capacity
+    total = int(capacity.sum())
+    keys = torch.randn(total, d, device=dev, dtype=dtype, generator=g)
+    values = torch.randn(total, d, device=dev, dtype=dtype, generator=g)
+    slot = torch.arange(int(capacity.max()), device=dev)
+    used = slot[None, :] < capacity[:, None]
+    positions = torch.zeros(total, dtype=torch.int32, device=dev)
+    positions[(offsets[:, None] + slot[None, :])[used]] = slot[None, :].expand(heads, -1)[used].to(torch.int32)
+    log_votes = torch.rand(total, device=dev, generator=g).log1p() if votes else None
+    query = torch.randn(1, s.heads, 1, d, device=dev, dtype=dtype, generator=g)
+    qpos = torch.full((1, 1), budget + 1, device=dev)
+    scale = d ** -0.5
+    max_len = int(lengths.max())
+    width = torch.arange(max_len, device=dev)
+
+    def torch_path():            # what the PyTorch path does: gather the padded view, then attend
+        valid = width[None, :] < lengths[:, None]
+        index = torch.where(valid, offsets[:, None] + width[None, :], torch.zeros_like(offsets)[:, None])
+        return ragged_attention_torch(query, keys[index], values[index], positions[index].long(), valid, qpos,
+                                      scale, window, None, log_votes[index] if votes else None)
+
+    def triton_path():
+        return ragged_decode.ragged_decode_triton(query, keys, values, positions, offsets, lengths, heads, qpos,
+                                                  scale, window, log_votes, max_len=max_len)
+
+    ref, fast = torch_path(), triton_path()
+    diff = float((ref.float() - fast.float()).abs().max())
+    close = bool(torch.allclose(ref.float(), fast.float(), atol=tol, rtol=tol))
+    t_fast = timed(triton_path, dev, s.timing_reps)
+    t_ref = timed(torch_path, dev, s.timing_reps)
+    stored = int(lengths.sum())
+    read = stored * (2 * d * keys.element_size() + 4 + (4 if votes else 0))
+    gbps = read / t_fast / 1e9
+    splits = -(-max_len // ragged_decode.choose_split(max_len, heads, launch.sm_count(dev)))
+    best = getattr(ragged_decode.DECODE_KERNEL.kernel(), "best_config", None)
+    return {"budget": budget, "votes": votes, "window": window, "stored_pairs": stored, "max_abs_diff": _r(diff),
+            "tolerance": tol, "close": close, "triton_us": _r(t_fast * 1e6), "torch_us": _r(t_ref * 1e6),
+            "speedup": _r(t_ref / t_fast, 3), "gb_per_s": _r(gbps), "share_of_copy": _share(gbps, bench),
+            "splits_per_head": splits, "programs": heads * splits,
+            "config": str(best) if best is not None else "first configuration (interpreter or untuned)"}
+
+
+def section_ragged_decode(bench: Workbench) -> dict:
+    import torch
+
+    from headprobe.runtime.kernels import launch
+
+    s = bench.shapes
+    dev = torch.device(s.device)
+    g = torch.Generator(device=dev).manual_seed(1)
+    cases = [(length, False, None) for length in s.decode_lengths]
+    cases.append((s.decode_lengths[len(s.decode_lengths) // 2], True, None))            # KeepKV vote bias
+    cases.append((s.decode_lengths[-1], False, s.decode_lengths[-1] // 4))                 # sliding window
+    rows = [_decode_case(bench, budget, votes, window, g) for budget, votes, window in cases]
+    return {"ok": all(r["close"] for r in rows), "kv_heads": s.kv_heads, "query_heads": s.heads,
+            "head_dim": s.head_dim, "dtype": s.dtype, "sm_count": launch.sm_count(dev), "rows": rows}
+
+
+def _profile_request(bench: Workbench, out_dir: Path, mode: str, length: int, needles: list[str],
+                     depths: list[float], batch_size: int):
+    import headprobe
+
+    return headprobe.ProfileRequest(
+        probes=["retrieval_reasoning"], lengths=[length], depths=depths, out_dir=out_dir, mode=mode,
+        needle_ids=needles, haystack=str(bench.haystack()), chat_template=False, batch_size=batch_size,
+        gate="likelihood", max_new_tokens=8, force=True)
+
+
+def passing_needles(tokenizer, count: int) -> list[str]:
+    """Reasoning needles whose correct candidate has the fewest tokens relative to the distractor.
+
+    A random model's next-token distribution is close to uniform, so its likelihood gate passes the
+    candidate with fewer tokens: these needles give trials that pass in both modes, hence profiles to
+    compare.
+    """
+    import headprobe
+
+    needles = headprobe.load_needles(headprobe.shipped_needle_file("reasoning"))
+
+    def tokens(text: str) -> int:
+        return len(tokenizer(" " + text, add_special_tokens=False)["input_ids"])
+
+    ranked = sorted(needles, key=lambda n: (tokens(n.answer) - tokens(n.distractor), n.id))
+    return [n.id for n in ranked[:count]]
+
+
+def _passed(records: list[dict]) -> int:
+    return sum(bool(r["gates"].get("likelihood")) for r in records)
+
+
+def _finite_scores(records: list[dict]) -> bool:
+    return all(math.isfinite(x) for r in records for rows in r["scores"].values() for row in rows for x in row)
+
+
+def section_profile_forward(bench: Workbench) -> dict:
+    import headprobe
+
+    s = bench.shapes
+    loaded = bench.loaded()
+    out = bench.work_dir / "profile_forward"
+    request = _profile_request(bench, out, "fast", s.profile_length, passing_needles(loaded.tokenizer, 1),
+                               s.profile_depths,
+                               batch_size=len(s.profile_depths))
+    _reset_peak(s.device)
+    start = time.perf_counter()
+    result = headprobe.run_profile(loaded, request)
+    _sync(s.device)
+    seconds = time.perf_counter() - start
+    _, records = headprobe.read_log(result.logs[0])
+    finite = _finite_scores(records)
+    ok = result.trials_run == len(s.profile_depths) and len(records) == result.trials_run and finite
+    return {"ok": ok, "length": s.profile_length, "trials": result.trials_run,
+            "passed_likelihood_gate": _passed(records), "scores_finite": finite,
+            "prompt_tokens": max(r["prompt_tokens"] for r in records) if records else None,
+            "seconds_per_trial": _r(seconds / max(1, result.trials_run)), "peak_mib": _peak_mib(s.device),
+            "device": str(loaded.device)}
+
+
+def section_profile_modes(bench: Workbench) -> dict:
+    import numpy as np
+    from scipy.stats import spearmanr
+
+    import headprobe
+
+    s = bench.shapes
+    loaded = bench.loaded()
+    needles = passing_needles(loaded.tokenizer, s.modes_needles)
+    figures: dict[str, Any] = {"length": s.modes_length, "needles": needles, "depths": s.modes_depths}
+    maps = {}
+    for mode in ("reference", "fast"):
+        out = bench.work_dir / f"profile_{mode}"
+        request = _profile_request(bench, out, mode, s.modes_length, needles, s.modes_depths,
+                                   batch_size=len(s.modes_depths))
+        start = time.perf_counter()
+        result = headprobe.run_profile(loaded, request)
+        _sync(s.device)
+        seconds = time.perf_counter() - start
+        _, records = headprobe.read_log(result.logs[0])
+        figures[mode] = {"trials": result.trials_run, "passed_likelihood_gate": _passed(records),
+                         "seconds_per_trial": _r(seconds / max(1, result.trials_run)),
+                         "failures": result.failures}
+        profile = out / f"{headprobe.model_slug(loaded.identity.name)}.retrieval_reasoning.json"
+        if profile.exists():
+            maps[mode] = np.array(headprobe.Profile.load(profile).query_heads, dtype=float).ravel()
+    figures["speedup"] = _r(figures["reference"]["seconds_per_trial"] / figures["fast"]["seconds_per_trial"], 3)
+    if len(maps) == 2:
+        rho = float(spearmanr(maps["fast"], maps["reference"])[0])
+        figures["spearman"] = _r(rho, 4) if math.isfinite(rho) else None
+        top = [set(np.argsort(-maps[m], kind="stable")[:10].tolist()) for m in ("fast", "reference")]
+        figures["top10_overlap"] = len(top[0] & top[1])
+    figures["ok"] = len(maps) == 2 and figures["spearman"] is not None and figures["spearman"] >= 0.95
+    return figures
+
+
+def section_compressed_decode(bench: Workbench) -> dict:
+    import torch
+
+    import headprobe
+    from headprobe.runtime.kernels import dispatch
+
+    s = bench.shapes
+    loaded = bench.loaded()
+    model, tok = loaded.model, loaded.tokenizer
+    dev = loaded.device
+    g = torch.Generator(device=dev).manual_seed(2)
+    low = max(tok.all_special_ids) + 1
+    prompt = torch.randint(low, len(tok), (1, s.decode_prompt), device=dev, generator=g)
+    n = s.new_tokens
+    common = {"do_sample": False, "min_new_tokens": n, "pad_token_id": tok.pad_token_id}
+
+    def sdpa(new: int, ids=prompt):
+        out = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new,
+                             **{**common, "min_new_tokens": new})
+        return out[:, ids.shape[1]:], None
+
+    def compressed(policy: str, backend: str):
+        def run(new: int, ids=prompt):
+            previous = headprobe.set_kernel_backend(backend)
+            try:
+                res = headprobe.generate_compressed(loaded, input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                    policy=policy, capacity=s.capacity, max_new_tokens=new,
+                                                    **{**common, "min_new_tokens": new})
+            finally:
+                headprobe.set_kernel_backend(previous)
+            return res.new_tokens, res
+        return run
+
+    # Triton on CUDA; on the CPU dry run "triton" forces the interpreted kernels.
+    fast_backend = "auto" if dev.type == "cuda" else "triton"
+    runs = {"sdpa_full_cache": sdpa, "full_triton": compressed("full", fast_backend),
+            "snapkv_triton": compressed("snapkv", fast_backend), "snapkv_torch": compressed("snapkv", "torch")}
+    warm = prompt[:, : min(2048, s.decode_prompt)]
+    for run in runs.values():                      # compile, autotune, allocate once before timing
+        run(4, warm)
+    per_token = 2 * s.layers * s.kv_heads * s.head_dim * _dtype(s.dtype).itemsize
+    results: dict[str, Any] = {}
+    tokens = {}
+    for name, run in runs.items():
+        _sync(dev)
+        start = time.perf_counter()
+        run(1)
+        _sync(dev)
+        prefill = time.perf_counter() - start
+        _reset_peak(dev)
+        start = time.perf_counter()
+        new, res = run(n)
+        _sync(dev)
+        total = time.perf_counter() - start
+        tokens[name] = new[0].tolist()
+        cache_bytes = res.memory_bytes if res is not None else per_token * (s.decode_prompt + n)
+        results[name] = {"prefill_s": _r(prefill), "total_s": _r(total),
+                         "decode_ms_per_token": _r(max(total - prefill, 0.0) / max(1, n - 1) * 1e3),
+                         "new_tokens": len(tokens[name]), "cache_bytes": int(cache_bytes),
+                         "peak_mib": _peak_mib(dev)}
+    ref = tokens["sdpa_full_cache"]
+    for name in runs:
+        same = 0
+        for a, b in zip(tokens[name], ref):
+            if a != b:
+                break
+            same += 1
+        results[name]["leading_tokens_equal_to_sdpa"] = same
+    full_bytes = results["sdpa_full_cache"]["cache_bytes"]
+    ok = (all(r["new_tokens"] == n for r in results.values()) and dispatch.launch_failure() is None
+          and results["snapkv_triton"]["cache_bytes"] < full_bytes
+          and results["full_triton"]["leading_tokens_equal_to_sdpa"] >= 1)
+    speed = results["sdpa_full_cache"]["decode_ms_per_token"]
+    for r in results.values():
+        r["decode_speedup_vs_sdpa"] = _r(speed / r["decode_ms_per_token"], 3) if r["decode_ms_per_token"] else None
+    return {"ok": ok, "prompt_tokens": s.decode_prompt, "new_tokens": n, "capacity": s.capacity,
+            "launch_failure": dispatch.launch_failure(), "runs": results}
+
+
+SECTION_FUNCS = {"copy_bandwidth": section_copy_bandwidth, "compaction": section_compaction,
+                 "ragged_decode": section_ragged_decode, "profile_forward": section_profile_forward,
+                 "profile_modes": section_profile_modes, "compressed_decode": section_compressed_decode}
+
+
+# ---- report ----------------------------------------------------------------------------------------
+
+def _flat(prefix: str, obj: Any, out: dict[str, Any]) -> None:
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            _flat(f"{prefix}.{key}" if prefix else key, value, out)
+    elif not isinstance(obj, list) or not obj or not isinstance(obj[0], dict):
+        out[prefix] = obj
+
+
+def markdown(report: dict) -> str:
+    machine = report["machine"]
+    versions = (f"torch {machine['torch']}, triton {machine['triton']}, "
+                f"transformers {machine['transformers']}")
+    lines = [f"# GPU check ({'dry run, ' if report['dry_run'] else ''}{machine['device_name']})", "",
+             f"{report['date']}; {versions}; command `{report['command']}`", ""]
+    for name, sec in report["sections"].items():
+        lines += [f"## {name}: {'ok' if sec.get('ok') else 'FAILED'} ({sec.get('seconds', 0):.1f} s)", ""]
+        if sec.get("error"):
+            lines += ["```", sec["error"].strip(), "```", ""]
+        tables = {k: v for k, v in sec.items() if isinstance(v, list) and v and isinstance(v[0], dict)}
+        scalars: dict[str, Any] = {}
+        _flat("", {k: v for k, v in sec.items() if k not in tables and k not in ("ok", "seconds", "error")},
+              scalars)
+        if scalars:
+            lines += ["| figure | value |", "|---|---:|"] + [f"| {k} | {v} |" for k, v in scalars.items()] + [""]
+        for rows in tables.values():
+            keys = list(rows[0])
+            lines += ["| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys)]
+            lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in rows] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def _write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def _machine(shapes: Shapes) -> dict:
+    import torch
+    import transformers
+
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = shapes.device == "cuda"
+    return {"device_name": torch.cuda.get_device_name() if cuda else f"CPU ({platform.machine()})",
+            "torch": torch.__version__, "triton": triton_version, "transformers": transformers.__version__,
+            "cuda": torch.version.cuda, "python": platform.python_version(),
+            "triton_interpret": os.environ.get("TRITON_INTERPRET") == "1"}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", required=True, help="folder for gpu_check.json and gpu_check.md")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="CPU, tiny shapes, Triton under its interpreter (checks this script)")
+    parser.add_argument("--sections", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    parser.add_argument("--layers", type=int, help="decoder layers of the random model (default 4)")
+    parser.add_argument("--force", action="store_true", help="replace existing result files")
+    args = parser.parse_args(argv)
+    if args.dry_run:
+        # Before anything imports Triton: it decorates its own helpers at import.
+        os.environ["TRITON_INTERPRET"] = "1"
+    import torch
+
+    import headprobe
+
+    shapes = DRY if args.dry_run else FULL
+    if args.layers:
+        shapes.layers = args.layers
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; run with --dry-run to check the script on CPU", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        json_path = headprobe.check_overwrite(out / "gpu_check.json", args.force)
+        md_path = headprobe.check_overwrite(out / "gpu_check.md", args.force)
+    except headprobe.HeadprobeError as exc:
+        print(f"gpu_check: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        torch.set_num_threads(1)
+    report = {"format": FORMAT, "version": VERSION, "dry_run": args.dry_run,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "command": " ".join(["python", "benchmarks/gpu_check.py", *(argv if argv is not None else sys.argv[1:])]),
+              "machine": _machine(shapes), "shapes": asdict(shapes), "sections": {}}
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
+        bench = Workbench(shapes, Path(tmp))
+        if "copy_bandwidth" not in args.sections:
+            args.sections.insert(0, "copy_bandwidth")        # the yardstick of the GB/s shares
+        for name in [s for s in SECTIONS if s in args.sections]:
+            print(f"gpu_check: {name} ...", flush=True)
+            start = time.perf_counter()
+            try:
+                result = SECTION_FUNCS[name](bench)
+            except Exception:  # noqa: BLE001 - one failing section must not lose the others
+                result = {"ok": False, "error": traceback.format_exc()[-3000:]}
+            result["seconds"] = round(time.perf_counter() - start, 2)
+            report["sections"][name] = result
+            report["total_seconds"] = round(time.perf_counter() - started, 2)
+            headprobe.atomic_write_json(json_path, report)
+            _write_text(md_path, markdown(report))
+            print(f"gpu_check: {name} {'ok' if result.get('ok') else 'FAILED'} in {result['seconds']:.1f} s",
+                  flush=True)
+    failed = [n for n, sec in report["sections"].items() if not sec.get("ok")]
+    print(f"gpu_check: wrote {json_path} and {md_path}; {report['total_seconds']:.0f} s; "
+          + (f"FAILED: {', '.join(failed)}" if failed else "all sections ok"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
