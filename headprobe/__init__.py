@@ -1,174 +1,155 @@
-"""headprobe: profile attention heads and layers, allocate KV-cache budgets, apply them in generate."""
+"""headprobe: profile attention heads and layers, allocate KV-cache budgets, apply them in generate.
 
-from .budget_map import BudgetMap
-from .errors import FileFormatError, HeadprobeError, ModelMismatchError, NoPassingTrialsError
-from .models import (
-    DEFAULT_MODEL,
-    MODELS,
-    LoadedModel,
-    ModelIdentity,
-    load_model,
-    model_identity,
-    resolve_model,
-)
-from .profile import LayerRetention, Profile, reduce_groups
+The public API, grouped by stage: each name and the module that defines it (``"module:attribute"`` where
+the public name differs). Names are imported on first use (PEP 562), so ``import headprobe`` loads
+neither torch, transformers nor matplotlib; using a name that needs them loads them.
+"""
+
+from __future__ import annotations
+
+from .lazy_exports import lazy_exports
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DEFAULT_MODEL",
-    "MODELS",
-    "BudgetMap",
-    "FileFormatError",
-    "HeadprobeError",
-    "LayerRetention",
-    "LoadedModel",
-    "ModelIdentity",
-    "ModelMismatchError",
-    "NoPassingTrialsError",
-    "Profile",
-    "__version__",
-    "load_model",
-    "model_identity",
-    "reduce_groups",
-    "resolve_model",
-]
+_API: dict[str, dict[str, str]] = {
+    # errors that reach a user as one line, and how their messages spell parameters
+    "errors": {
+        "HeadprobeError": "errors",
+        "FileFormatError": "errors",
+        "ModelMismatchError": "errors",
+        "NoPassingTrialsError": "errors",
+        "param": "errors",
+        "flag_spelling": "errors",
+    },
+    # models: aliases, loading, the identity every file records
+    "models": {
+        "DEFAULT_MODEL": "models.registry",
+        "MODELS": "models.registry",
+        "ModelSpec": "models.registry",
+        "model_slug": "models.registry",
+        "DTYPES": "models.loading",
+        "LoadedModel": "models.loading",
+        "load_model": "models.loading",
+        "model_identity": "models.loading",
+        "resolve_model": "models.loading",
+        "ModelIdentity": "models.identity",
+    },
+    # files: JSON written atomically, trial logs, overwrite checks, any headprobe file by its format
+    "files": {
+        "atomic_write_json": "files.jsonio",
+        "check_writable_dir": "files.jsonio",
+        "read_json": "files.jsonio",
+        "check_overwrite": "files.overwrite",
+        "read_log": "files.trial_log",
+        "load_file": "file_summary",
+        "summarize_file": "file_summary",
+    },
+    # haystacks: corpus text, needles, layer-retention task prompts
+    "haystacks": {
+        "load_haystack": "haystack.corpus",
+        "Needle": "haystack.needles",
+        "load_needles": "haystack.needles",
+        "shipped_needle_file": "haystack.needles",
+        "load_tasks": "haystack.tasks",
+    },
+    # profiling: needle probes and layer retention, written as profiles
+    "profiling": {
+        "PROBES": "probes.run",
+        "ProfileRequest": "probes.run",
+        "ProfileResult": "probes.run",
+        "merge_profile_logs": "probes.run",
+        "run_profile": "probes.run",
+        "RetentionConfig": "probes.retention",
+        "probe_grid": "probes:trial_grid",
+        "PROFILE_KINDS": "profile",
+        "LayerRetention": "profile",
+        "Profile": "profile",
+        "reduce_groups": "profile",
+        "top_heads": "head_ranking",
+    },
+    # allocation: profiles → per-head budget maps
+    "allocation": {
+        "ALLOCATORS": "allocation.registry",
+        "Allocator": "allocation.registry",
+        "allocate": "allocation.api",
+        "load_profile": "allocation.api",
+        "newest_profile": "allocation.api",
+        "profiles_for_method": "allocation.api",
+        "summarize": "allocation.api",
+        "clamp_and_redistribute": "allocation.clamp",
+        "parse_task_mix": "allocation.dynamickv_offline",
+        "BudgetMap": "budget_map",
+    },
+    # interop: other tools' head files and budget lists
+    "interop": {
+        "IMPORT_FORMATS": "interop.auto",
+        "import_file": "interop.auto",
+        "write_duoattention": "interop.duoattention",
+        "write_headkv_json": "interop.headkv_json",
+        "identity_for_model": "interop.known",
+        "write_layer_list": "interop.layer_list",
+    },
+    # runtime: the compressed KV cache inside generate
+    "runtime": {
+        "MapBudget": "runtime.budget_sources",
+        "RatioBudget": "runtime.budget_sources",
+        "UniformBudget": "runtime.budget_sources",
+        "CompressedCache": "runtime.cache",
+        "headprobe_attention": "runtime.cache_attention",
+        "GenerationResult": "runtime.generate",
+        "generate_compressed": "runtime.generate",
+        "make_policy": "runtime.generate",
+        "parse_policy_options": "runtime.generate",
+        "set_kernel_backend": "runtime.kernels.dispatch:set_backend",
+        "POLICIES": "runtime.policies",
+        "Policy": "runtime.policies.base",
+        "DynamicKV": "runtime.policies.dynamickv",
+        "Full": "runtime.policies.full",
+        "KeepKV": "runtime.policies.keepkv",
+        "KeyDiff": "runtime.policies.keydiff",
+        "MorphKV": "runtime.policies.morphkv",
+        "SnapKV": "runtime.policies.snapkv",
+        "Streaming": "runtime.policies.streaming",
+        "RecordedPrefill": "runtime.shared_prefill",
+        "generate_from_prefill": "runtime.shared_prefill",
+        "record_prefill": "runtime.shared_prefill",
+    },
+    # evaluation: needle / bAbI-style grids, outside QA datasets, head ablation
+    "evaluation": {
+        "HeadAblation": "eval.ablation",
+        "format_ablation": "eval.ablation",
+        "random_heads": "eval.ablation",
+        "run_ablation": "eval.ablation",
+        "BABI_TASKS": "eval.babi:TASKS",
+        "generate_questions": "eval.babi",
+        "load_qa_dataset": "eval.datasets",
+        "run_dataset_eval": "eval.datasets",
+        "EvalItem": "eval.items",
+        "items_from_babi": "eval.items",
+        "items_from_longgen": "eval.items",
+        "items_from_needles": "eval.items",
+        "EvalResult": "eval.result",
+        "format_eval_summary": "eval.result:format_summary",
+        "EvalRequest": "eval.runner",
+        "cell_log_path": "eval.cell_log",
+        "run_eval": "eval.runner",
+        "EVAL_PRESETS": "eval.settings:PRESETS",
+        "EvalSetting": "eval.settings",
+        "expand_settings": "eval.settings",
+    },
+    # plots of every stage (PNG or SVG)
+    "plots": {
+        "ablation_bars": "plots.eval_figures",
+        "accuracy_vs_memory": "plots.eval_figures",
+        "needle_grid": "plots.eval_figures",
+        "PLOT_FORMATS": "plots.profile_figures:FORMATS",
+        "budget_heatmap": "plots.profile_figures",
+        "compare_heatmaps": "plots.profile_figures",
+        "head_heatmap": "plots.profile_figures",
+        "retention_curves": "plots.profile_figures",
+        "save_figure": "plots.profile_figures",
+    },
+}
 
-# allocation and interop (budget maps, other tools' files)
-from .allocation import allocate, clamp_and_redistribute, newest_profile, summarize
-from .interop import import_file
-
-__all__ += ["allocate", "clamp_and_redistribute", "import_file", "newest_profile", "summarize"]
-
-# profiling (needle probes, layer retention, trial logs)
-from .files.trial_log import read_log
-from .haystack import Needle, load_haystack, load_needles, load_tasks
-from .probes import trial_grid as probe_grid
-from .probes.retention import RetentionConfig
-from .probes.run import PROBES, ProfileRequest, ProfileResult, merge_profile_logs, run_profile
-
-__all__ += [
-    "PROBES",
-    "Needle",
-    "ProfileRequest",
-    "ProfileResult",
-    "RetentionConfig",
-    "load_haystack",
-    "load_needles",
-    "load_tasks",
-    "merge_profile_logs",
-    "probe_grid",
-    "read_log",
-    "run_profile",
-]
-from .file_summary import summarize_file
-
-__all__ += ["summarize_file"]
-
-# runtime (compressed KV cache inside generate)
-from .runtime import (
-    POLICIES,
-    CompressedCache,
-    GenerationResult,
-    MapBudget,
-    Policy,
-    RatioBudget,
-    RecordedPrefill,
-    UniformBudget,
-    generate_compressed,
-    generate_from_prefill,
-    headprobe_attention,
-    make_policy,
-    parse_policy_options,
-    record_prefill,
-    set_kernel_backend,
-)
-from .runtime.policies import DynamicKV, Full, KeepKV, KeyDiff, MorphKV, SnapKV, Streaming
-
-__all__ += [
-    "POLICIES",
-    "CompressedCache",
-    "DynamicKV",
-    "Full",
-    "GenerationResult",
-    "KeepKV",
-    "KeyDiff",
-    "MapBudget",
-    "MorphKV",
-    "Policy",
-    "RatioBudget",
-    "RecordedPrefill",
-    "SnapKV",
-    "Streaming",
-    "UniformBudget",
-    "generate_compressed",
-    "generate_from_prefill",
-    "headprobe_attention",
-    "make_policy",
-    "parse_policy_options",
-    "record_prefill",
-    "set_kernel_backend",
-]
-
-# evaluation (needle / bAbI-style grids, outside QA datasets, head ablation)
-from .eval import (
-    BABI_TASKS,
-    EvalItem,
-    EvalRequest,
-    EvalResult,
-    EvalSetting,
-    HeadAblation,
-    cell_log_path,
-    expand_settings,
-    format_ablation,
-    generate_questions,
-    items_from_babi,
-    items_from_longgen,
-    items_from_needles,
-    load_qa_dataset,
-    random_heads,
-    run_ablation,
-    run_dataset_eval,
-    run_eval,
-    top_heads,
-)
-from .eval import PRESETS as EVAL_PRESETS
-from .eval import format_summary as format_eval_summary
-from .files.jsonio import atomic_write_json, check_writable_dir
-from .files.overwrite import check_overwrite
-from .haystack.needles import shipped_needle_file
-from .models import model_slug
-from .plots import ablation_bars, accuracy_vs_memory, needle_grid, save_figure
-
-__all__ += [
-    "BABI_TASKS",
-    "EVAL_PRESETS",
-    "EvalItem",
-    "EvalRequest",
-    "EvalResult",
-    "EvalSetting",
-    "HeadAblation",
-    "ablation_bars",
-    "accuracy_vs_memory",
-    "atomic_write_json",
-    "cell_log_path",
-    "check_overwrite",
-    "check_writable_dir",
-    "expand_settings",
-    "format_ablation",
-    "format_eval_summary",
-    "generate_questions",
-    "items_from_babi",
-    "items_from_longgen",
-    "items_from_needles",
-    "load_qa_dataset",
-    "model_slug",
-    "needle_grid",
-    "random_heads",
-    "run_ablation",
-    "run_dataset_eval",
-    "run_eval",
-    "save_figure",
-    "shipped_needle_file",
-    "top_heads",
-]
+__getattr__, __dir__, __all__ = lazy_exports(
+    __name__, {name: module for stage in _API.values() for name, module in stage.items()}, eager=("__version__",))

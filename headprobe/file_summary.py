@@ -1,4 +1,4 @@
-"""Validate any headprobe file and summarise it in a few lines (``headprobe inspect``)."""
+"""Load any headprobe file by its format, and summarise it in a few lines (``headprobe inspect``)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,23 @@ from .errors import FileFormatError
 from .files.jsonio import read_json
 from .files.trial_log import read_log
 from .profile import PROFILE_FORMAT, Profile
+
+
+def load_file(path: str | Path) -> Profile | BudgetMap:
+    """Load a profile or a budget map, telling which from the file's ``format``.
+
+    Raises
+    ------
+    FileFormatError
+        If the file is neither, or not a valid one.
+    """
+    obj = read_json(path)
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    if fmt == PROFILE_FORMAT:
+        return Profile.load(path)
+    if fmt == BUDGET_FORMAT:
+        return BudgetMap.load(path)
+    raise FileFormatError(path, "format", f"expected '{PROFILE_FORMAT}' or '{BUDGET_FORMAT}', found {fmt!r}")
 
 
 def summarize_file(path: str | Path, top: int = 10) -> list[str]:
@@ -22,13 +39,10 @@ def summarize_file(path: str | Path, top: int = 10) -> list[str]:
     path = Path(path)
     if path.suffix == ".jsonl":
         return _summarize_log(path)
-    obj = read_json(path)
-    fmt = obj.get("format") if isinstance(obj, dict) else None
-    if fmt == PROFILE_FORMAT:
-        return _summarize_profile(Profile.load(path), path, top)
-    if fmt == BUDGET_FORMAT:
-        return _summarize_budget(BudgetMap.load(path), path)
-    raise FileFormatError(path, "format", f"expected '{PROFILE_FORMAT}' or '{BUDGET_FORMAT}', found {fmt!r}")
+    loaded = load_file(path)
+    if isinstance(loaded, Profile):
+        return _summarize_profile(loaded, path, top)
+    return _summarize_budget(loaded, path)
 
 
 def _model_line(model) -> str:
@@ -84,8 +98,8 @@ def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
 
 def _summarize_log(path: Path) -> list[str]:
     settings, trials = read_log(path)
-    lines = [f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {settings.get('mode')}, "
-             f"{len(trials)} trials", f"model      {settings.get('model', {}).get('name')}"]
+    lines = [(f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {settings.get('mode')}, "
+              f"{len(trials)} trials"), f"model      {settings.get('model', {}).get('name')}"]
     if settings.get("pass") != "layer_retention":
         gate = settings.get("gate", "published")
         passed = sum(1 for t in trials if t.get("gates", {}).get(gate))

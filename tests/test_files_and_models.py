@@ -54,8 +54,59 @@ def test_unknown_alias_suggests_close_matches():
 
 def test_remote_code_refused_without_flag(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}))
-    with pytest.raises(HeadprobeError, match="--trust-remote-code"):
+    with pytest.raises(HeadprobeError, match="pass trust_remote_code=True if you trust it"):
         headprobe.load_model(str(tmp_path), device="cpu")
+    with headprobe.flag_spelling({}), pytest.raises(HeadprobeError, match=r"^--model \S+: .* pass --trust-remote-code"):
+        headprobe.load_model(str(tmp_path), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    import conftest
+
+    d = tmp_path_factory.mktemp("tiny")
+    lm = conftest.make_tiny_llama()
+    lm.model.save_pretrained(d)
+    lm.tokenizer.save_pretrained(d)
+    return d
+
+
+def test_loading_onto_the_device_keeps_the_weights(tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    lm = headprobe.load_model(str(tiny_dir), device="cpu")
+    plain = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    assert lm.device.type == "cpu" and lm.model.dtype == torch.float32
+    ids = torch.randint(3, 300, (1, 20))
+    assert torch.equal(lm.model(ids).logits, plain(ids).logits)
+
+
+def test_a_large_model_landing_on_the_cpu_warns_why(tiny_dir, monkeypatch):
+    import warnings
+
+    from headprobe.models import loading
+
+    monkeypatch.setattr(loading, "LARGE_ON_CPU", 1)   # the tiny model counts as large
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        headprobe.load_model(str(tiny_dir), device="cpu")        # asked for: no warning
+    if torch.cuda.is_available():
+        pytest.skip("a GPU is available: the default device is not the CPU")
+    with pytest.warns(RuntimeWarning, match=r"is on the CPU: .*CUDA.*pass device='cpu' to use the CPU on purpose"):
+        headprobe.load_model(str(tiny_dir))
+    monkeypatch.setattr(loading, "LARGE_ON_CPU", 10**12)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        headprobe.load_model(str(tiny_dir))                        # small models load quietly
+
+
+def test_model_errors_name_parameters_in_the_callers_spelling(tmp_path):
+    with pytest.raises(HeadprobeError, match=r"^dtype='float64': expected one of auto, float32"):
+        headprobe.load_model("smollm2-135m", dtype="float64")
+    with pytest.raises(HeadprobeError, match=r"^model='\./nosuch': no such directory"):
+        headprobe.resolve_model("./nosuch")
+    with headprobe.flag_spelling({}), pytest.raises(HeadprobeError, match=r"^--dtype float64: expected"):
+        headprobe.load_model("smollm2-135m", dtype="float64")
 
 
 def test_unwritable_output_dir(tmp_path):
@@ -71,7 +122,7 @@ def test_trial_log_resume_rules(tmp_path):
     path = tmp_path / "t.jsonl"
     log = TrialLog(path, {"a": 1})
     log.append({"trial": "t1", "x": 1})
-    with pytest.raises(HeadprobeError, match="--resume"):
+    with pytest.raises(HeadprobeError, match="pass resume=True to continue it or force=True to start over"):
         TrialLog(path, {"a": 1})
     with pytest.raises(HeadprobeError, match=r"other settings \(a\)"):
         TrialLog(path, {"a": 2}, resume=True)
@@ -80,7 +131,7 @@ def test_trial_log_resume_rules(tmp_path):
     again = TrialLog(path, {"a": 1, "batch_size": 8}, resume=True)
     assert "t1" in again and "t2" not in again
     again.append({"trial": "t2", "x": 2})
-    settings, trials = read_log(path)
+    _, trials = read_log(path)
     assert [t["trial"] for t in trials] == ["t1", "t2"]
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
+from .common_args import add_loading_arguments, add_rerun_arguments, load_model
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -22,7 +23,7 @@ def register(sub, formatter) -> None:
         epilog="examples:\n"
                "  headprobe ablate --k 5 10 20 --lengths 1000\n"
                "  headprobe ablate --profile profiles/smollm2-135m.retrieval.json --out ablation.json")
-    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    add_loading_arguments(p)
     p.add_argument("--profile", default=None, help="profile file (default: newest --kind profile of the model)")
     p.add_argument("--kind", default="retrieval", help="profile kind to look up when --profile is not given")
     p.add_argument("--k", nargs="+", type=int, default=[5, 10, 20], help="numbers of heads to mask")
@@ -36,10 +37,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--out", default="eval/ablation.json")
     p.add_argument("--plot", default=None, help="PNG bars (default: beside --out); 'none' to skip")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its run log")
-    p.add_argument("--force", action="store_true", help="start over, replacing --out and its run log")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="auto")
+    add_rerun_arguments(p, log="its run log", replaced="--out and its run log")
     p.set_defaults(func=run)
 
 
@@ -57,7 +55,7 @@ def run(args: argparse.Namespace) -> int:
     haystack = headprobe.load_haystack(args.haystack)
     depths = headprobe.probe_grid.parse_depths(args.depths)
     profile = headprobe.Profile.load(args.profile) if args.profile else None
-    lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = load_model(args)
     if profile is None:
         profile = headprobe.newest_profile(lm.identity, args.kind).profile
     progress = tqdm_progress(len(items) * len(args.lengths) * len(depths) * (1 + 2 * len(args.k)), "ablate")

@@ -6,21 +6,27 @@ from pathlib import Path
 
 import headprobe as hp
 
+from .common_args import add_force_argument, add_model_argument
+
+#: Library parameters whose flags are spelled differently.
+FLAGS = {"allow_fallback": "--fallback-uniform"}
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(
         "allocate", help="turn profiles into per-head KV-cache budgets", formatter_class=formatter,
         description="Allocate KV-cache budgets per (layer, KV head) from head-score and/or layer-retention "
-                    "profiles. Without --profile, the newest retrieval_reasoning profile of the model is used "
-                    "(./profiles first, then the shipped ones).",
+                    "profiles. Without --profile, the newest profiles of the kinds the method reads are used "
+                    "(./profiles first, then the shipped ones).\n\nmethods:\n"
+                    + "\n".join(f"  {a.name:<10} {a.description}" for a in hp.ALLOCATORS.values()),
         epilog="examples:\n  headprobe allocate --beta 1.01\n"
                "  headprobe allocate --method combined --profile r2.json --profile layers.json --task code\n"
                "  headprobe allocate --profile llama3_r2.json --compat headkv --beta 1.5")
-    p.add_argument("--model", default=None, help=f"alias, HF id or folder (default: {hp.DEFAULT_MODEL}, or the "
-                   "model of --profile)")
+    add_model_argument(p, default=None, help=f"alias, HF id or folder (default: {hp.DEFAULT_MODEL}, or the "
+                       "model of --profile)")
     p.add_argument("--profile", action="append", default=[], metavar="FILE",
                    help="profile file (repeat for combined: head scores and layer retention)")
-    p.add_argument("--method", default="headkv", help="headkv, dynamickv, combined, uniform or pyramid")
+    p.add_argument("--method", default="headkv", help=f"{', '.join(hp.ALLOCATORS)} (see the methods above)")
     p.add_argument("--beta", type=float, default=None, help="HeadKV β > 1 (default 1.2); PyramidKV's (default 20)")
     p.add_argument("--capacity", type=int, default=128, help="average tokens per KV head, window included")
     p.add_argument("--ratio", type=float, default=None, help="capacity as a share of --prompt-len instead")
@@ -38,43 +44,34 @@ def register(sub, formatter) -> None:
     p.add_argument("--fallback-uniform", action="store_true",
                    help="allocate uniformly when the profile's scores are all zero or NaN (default: refuse)")
     p.add_argument("-o", "--output", default=None, help="budget file (default: budgets/<model>.<method>….json)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    add_force_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from headprobe.allocation import allocate, load_profile, newest_profile, parse_task_mix, summarize
-    from headprobe.interop import identity_for_model
-
-    profiles = [load_profile(p) for p in args.profile]
+    profiles = [hp.load_profile(p) for p in args.profile]
     paths = list(args.profile)
+    allocator = hp.ALLOCATORS.get(args.method)   # an unknown method is refused by allocate, in one line
+    needs = allocator.needs if allocator is not None else ()
     model = None
     if args.model is not None or not profiles:
         name = args.model or hp.DEFAULT_MODEL
-        model = identity_for_model(name)
-        if model is None and (profiles or args.method in ("uniform", "pyramid")):
+        model = hp.identity_for_model(name)
+        if model is None and (profiles or not needs):
             raise hp.HeadprobeError(f"--model {name}: cannot read its config (offline?); "
                                     "omit --model to use the profile's model")
-        if not profiles and args.method in ("headkv", "combined"):
-            found = newest_profile(model if model is not None else hp.resolve_model(name).name)
-            profiles, paths = [found.profile], [str(found.path)]
-            print(f"profile: {found.path}")
-            if args.method == "combined":
-                lay = newest_profile(found.profile.model, kind="layer_retention")
-                profiles.append(lay.profile)
-                paths.append(str(lay.path))
-                print(f"profile: {lay.path}")
-        elif not profiles and args.method == "dynamickv":
-            found = newest_profile(model if model is not None else hp.resolve_model(name).name,
-                                   kind="layer_retention")
-            profiles, paths = [found.profile], [str(found.path)]
-            print(f"profile: {found.path}")
+        if not profiles:
+            for found in hp.profiles_for_method(args.method, model if model is not None else
+                                                hp.resolve_model(name).name):
+                profiles.append(found.profile)
+                paths.append(str(found.path))
+                print(f"profile: {found.path}")
         if model is None:
             model = profiles[0].model
-    bm = allocate(args.method, profiles, model, capacity=args.capacity, window=args.window, sink=args.sink,
-                  beta=args.beta, ratio=args.ratio, prompt_len=args.prompt_len, temperature=args.temperature,
-                  reduction=args.reduction, task=parse_task_mix(args.task), compat=args.compat, clamp=args.clamp,
-                  allow_fallback=args.fallback_uniform, source_paths=paths)
+    bm = hp.allocate(args.method, profiles, model, capacity=args.capacity, window=args.window, sink=args.sink,
+                     beta=args.beta, ratio=args.ratio, prompt_len=args.prompt_len, temperature=args.temperature,
+                     reduction=args.reduction, task=hp.parse_task_mix(args.task), compat=args.compat,
+                     clamp=args.clamp, allow_fallback=args.fallback_uniform, source_paths=paths)
     out = args.output
     if out is None:
         m = bm.method
@@ -83,6 +80,6 @@ def run(args) -> int:
         out = Path("budgets") / (".".join(parts) + ".json")
     hp.check_overwrite(out, args.force)
     bm.save(out)
-    print(summarize(bm))
+    print(hp.summarize(bm))
     print(f"wrote {out}")
     return 0

@@ -8,6 +8,7 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
+from .common_args import add_loading_arguments, add_rerun_arguments, load_model
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -30,7 +31,7 @@ def register(sub, formatter) -> None:
                "  headprobe eval --task dataset --dataset qa.jsonl --fields context=context,question=input,"
                "answers=answers --settings full snapkv --capacities 128\n"
                "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid")
-    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    add_loading_arguments(p)
     p.add_argument("--settings", nargs="+", default=["full", "snapkv", "headkv-r2"], metavar="SETTING")
     p.add_argument("--capacities", nargs="+", type=int, default=[128], help="mean tokens per KV head")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
@@ -58,10 +59,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--out", default="eval/eval.json", help="result JSON (cell log beside it)")
     p.add_argument("--plot", default=None, help="PNG grid (default: beside --out); 'none' to skip")
     p.add_argument("--memory-plot", default=None, help="also write accuracy vs cache bytes to this PNG")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its cell log")
-    p.add_argument("--force", action="store_true", help="start over, replacing the cell log and the outputs")
-    p.add_argument("--device", default=None)
-    p.add_argument("--dtype", default="auto")
+    add_rerun_arguments(p, log="its cell log", replaced="the cell log and the outputs")
     p.set_defaults(func=run)
 
 
@@ -117,7 +115,7 @@ def run(args: argparse.Namespace) -> int:
             items = headprobe.items_from_needles(needles)
         task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
     haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
-    lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = load_model(args)
     if examples is not None:
         progress = _lazy_progress(len(examples) * len(settings), "eval")
         result = headprobe.run_dataset_eval(lm, examples, settings, out, args.max_length, args.max_new_tokens,

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import headprobe as hp
 
+from .common_args import add_force_argument
+
 TARGETS = ("duoattention", "headkv", "layers")
 
 
@@ -26,33 +28,23 @@ def register(sub, formatter) -> None:
     p.add_argument("--recent-size", type=int, default=None, help="duoattention config recent_size (default 256)")
     p.add_argument("--reduction", default=None, help="duoattention: query→KV reduction (default: the profile's)")
     p.add_argument("--exact", action="store_true", help="duoattention: scores as stored (no rescale, ties kept)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    add_force_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from headprobe.files.jsonio import read_json
-    from headprobe.interop import write_duoattention, write_headkv_json, write_layer_list
-
-    obj = read_json(args.input)
-    fmt = obj.get("format") if isinstance(obj, dict) else None
-    if fmt == "headprobe.budget_map":
-        src = hp.BudgetMap.load(args.input)
-    elif fmt == "headprobe.profile":
-        src = hp.Profile.load(args.input)
-    else:
-        raise hp.FileFormatError(args.input, "format", f"expected a headprobe profile or budget file, found {fmt!r}")
+    src = hp.load_file(args.input)
     if args.to == "duoattention":
-        out = write_duoattention(src, args.output, sink_size=args.sink_size, recent_size=args.recent_size,
+        out = hp.write_duoattention(src, args.output, sink_size=args.sink_size, recent_size=args.recent_size,
                                  threshold=args.threshold, full_share=args.full_share, exact=args.exact,
                                  reduction=args.reduction, force=args.force)
     elif args.to == "headkv":
         if not isinstance(src, hp.Profile):
             raise hp.HeadprobeError("--to headkv exports head scores: give a profile, not a budget map")
-        out = write_headkv_json(src, args.output, force=args.force)
+        out = hp.write_headkv_json(src, args.output, force=args.force)
     else:
         if not isinstance(src, hp.BudgetMap):
             raise hp.HeadprobeError("--to layers exports budgets: give a budget map (headprobe allocate)")
-        out = write_layer_list(src, args.output, force=args.force)
+        out = hp.write_layer_list(src, args.output, force=args.force)
     print(f"wrote {Path(out)}")
     return 0

@@ -8,6 +8,8 @@ import sys
 import headprobe
 from headprobe import HeadprobeError
 
+from .common_args import LazyChoices, add_loading_arguments, load_model
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(
@@ -21,19 +23,18 @@ def register(sub, formatter) -> None:
                "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt")
     p.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file, or - for stdin)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
-    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    add_loading_arguments(p)
     src = p.add_mutually_exclusive_group()
     src.add_argument("--budget", metavar="FILE", help="budget file (headprobe.budget_map JSON) for this model")
     src.add_argument("--ratio", type=float, help="keep this fraction of the prompt in every head")
     p.add_argument("--capacity", type=int, default=None,
                    help="mean tokens per head (default 128; with --budget, rescales the file to this capacity)")
-    p.add_argument("--policy", default="snapkv", choices=sorted(headprobe.POLICIES), help="which tokens to keep")
+    p.add_argument("--policy", default="snapkv", choices=LazyChoices(lambda: sorted(headprobe.POLICIES)),
+                   metavar="POLICY", help="which tokens to keep: %(choices)s")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, repeatable (e.g. window=16, key_merge=zip)")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
-    p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 or auto (default: GPU if any)")
-    p.add_argument("--dtype", default="auto", help="auto, float32, bfloat16 or float16")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
                    help="Triton kernels or the PyTorch path")
     p.set_defaults(func=run)
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
     budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
-    lm = headprobe.load_model(args.model, device=args.device, dtype=args.dtype)
+    lm = load_model(args)
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
                                         chat=not args.no_chat)

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import headprobe
+
+from .common_args import add_force_argument, add_model_argument
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(
@@ -13,21 +17,18 @@ def register(sub, formatter) -> None:
         epilog="examples:\n  headprobe import Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json\n"
                "  headprobe import attn_patterns/Mistral-7B-Instruct-v0.2 --model mistral-7b")
     p.add_argument("input", help="score JSON file, DuoAttention folder or its full_attention_heads.tsv")
-    p.add_argument("--from", dest="fmt", default=None, choices=["headkv", "retrieval_head", "duoattention"],
+    p.add_argument("--from", dest="fmt", default=None, choices=headprobe.IMPORT_FORMATS,
                    help="input format (default: from the path)")
-    p.add_argument("--model", default=None, help="alias or HF id of the model (default: from the file name)")
+    add_model_argument(p, default=None, help="alias or HF id of the model (default: from the file name)")
     p.add_argument("--kind", default=None, choices=["retrieval", "enhanced_retrieval", "retrieval_reasoning"],
                    help="profile kind (default: from the file name)")
     p.add_argument("-o", "--output", default=None, help="profile file (default: profiles/<model>.<kind>.imported.json)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing output")
+    add_force_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    import headprobe
-    from headprobe.interop import import_file
-
-    prof = import_file(args.input, args.fmt, args.model, args.kind)
+    prof = headprobe.import_file(args.input, args.fmt, args.model, args.kind)
     out = args.output
     if out is None:
         slug = headprobe.model_slug(prof.model.name)

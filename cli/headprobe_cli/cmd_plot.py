@@ -6,6 +6,8 @@ from pathlib import Path
 
 import headprobe as hp
 
+from .common_args import LazyChoices, add_force_argument
+
 KINDS = ("auto", "heads", "compare", "retention", "budget")
 
 
@@ -20,28 +22,17 @@ def register(sub, formatter) -> None:
     p.add_argument("--kind", default="auto", choices=KINDS, help="what to draw (default: from the input)")
     p.add_argument("--granularity", default="query", choices=["query", "kv"], help="query or KV heads")
     p.add_argument("--top-k", type=int, default=5, help="heads to box and number")
-    p.add_argument("--format", default=None, choices=["png", "svg"], help="image format (default png)")
+    p.add_argument("--format", default=None, choices=LazyChoices(lambda: hp.PLOT_FORMATS), metavar="FORMAT",
+                   help="image format: %(choices)s (default png)")
     p.add_argument("-o", "--output", default=None, help="image file (default: next to the input)")
-    p.add_argument("--force", action="store_true", help="overwrite an existing image")
+    add_force_argument(p, "an existing image")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    from headprobe.files.jsonio import read_json
-    from headprobe.plots import budget_heatmap, compare_heatmaps, head_heatmap, retention_curves, save_figure
-
     if len(args.inputs) > 2:
         raise hp.HeadprobeError("plot takes one or two files")
-    objs = []
-    for path in args.inputs:
-        obj = read_json(path)
-        fmt = obj.get("format") if isinstance(obj, dict) else None
-        if fmt == "headprobe.budget_map":
-            objs.append(hp.BudgetMap.load(path))
-        elif fmt == "headprobe.profile":
-            objs.append(hp.Profile.load(path))
-        else:
-            raise hp.FileFormatError(path, "format", f"expected a headprobe profile or budget file, found {fmt!r}")
+    objs = [hp.load_file(path) for path in args.inputs]
     kind = args.kind
     if kind == "auto":
         if len(objs) == 2:
@@ -56,17 +47,17 @@ def run(args) -> int:
     if kind == "budget":
         if not isinstance(objs[0], hp.BudgetMap):
             raise hp.HeadprobeError("--kind budget needs a budget file")
-        fig = budget_heatmap(objs[0], top_k=args.top_k)
+        fig = hp.budget_heatmap(objs[0], top_k=args.top_k)
     elif any(isinstance(o, hp.BudgetMap) for o in objs):
         raise hp.HeadprobeError(f"--kind {kind} needs profile files, not a budget map")
     elif kind == "compare":
-        fig = compare_heatmaps(objs[0], objs[1], granularity=args.granularity, top_k=args.top_k)
+        fig = hp.compare_heatmaps(objs[0], objs[1], granularity=args.granularity, top_k=args.top_k)
     elif kind == "retention":
-        fig = retention_curves(objs[0])
+        fig = hp.retention_curves(objs[0])
     else:
-        fig = head_heatmap(objs[0], granularity=args.granularity, top_k=args.top_k)
+        fig = hp.head_heatmap(objs[0], granularity=args.granularity, top_k=args.top_k)
     fmt = args.format or (Path(args.output).suffix.lstrip(".") if args.output else "") or "png"
     out = args.output or str(Path(args.inputs[0]).with_suffix("")) + f".{kind}.{fmt}"
-    path = save_figure(fig, out, fmt=fmt, force=args.force)
+    path = hp.save_figure(fig, out, fmt=fmt, force=args.force)
     print(f"wrote {path}")
     return 0

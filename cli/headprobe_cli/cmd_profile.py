@@ -7,12 +7,11 @@ import time
 from pathlib import Path
 
 import headprobe
-from headprobe import PROBES, ProfileRequest, merge_profile_logs, run_profile
-from headprobe import probe_grid as grids
 
+from .common_args import add_loading_arguments, add_rerun_arguments, load_model
 from .progress import tqdm_progress
 
-#: Library parameters whose flag is not ``--`` + the parameter name (errors spell them as these flags).
+#: Library parameters (of ProfileRequest) whose flags are spelled differently.
 FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file"}
 
 
@@ -28,9 +27,9 @@ def register(sub, formatter) -> None:
                "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
                "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl",
     )
-    p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
+    add_loading_arguments(p)
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
-                   help=f"probes to run: all or any of {', '.join(PROBES)}")
+                   help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
     p.add_argument("--mode", choices=["fast", "reference"], default="fast",
                    help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step")
     p.add_argument("--grid", choices=["auto", "cpu", "full"], default="auto",
@@ -53,30 +52,27 @@ def register(sub, formatter) -> None:
     p.add_argument("--out-dir", default="profiles", help="where profiles and trial logs go")
     p.add_argument("--name", help="file-name stem (default: the model alias)")
     p.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
-    p.add_argument("--resume", action="store_true", help="continue an interrupted run from its trial logs")
-    p.add_argument("--force", action="store_true", help="start over, replacing existing trial logs")
+    add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
     p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
-    p.add_argument("--device", help="cpu, cuda, cuda:N or auto (device_map=auto); default: GPU if present")
-    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    p.add_argument("--trust-remote-code", action="store_true", help="allow models that run their own code")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
+    grids = headprobe.probe_grid
     if args.merge:
-        for path in merge_profile_logs(args.merge, args.out_dir, args.name):
+        for path in headprobe.merge_profile_logs(args.merge, args.out_dir, args.name):
             print(f"wrote {path}")
         return 0
-    probes = list(PROBES) if "all" in args.probe else args.probe
+    probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
     for probe in probes:
-        if probe not in PROBES:
-            raise headprobe.HeadprobeError(f"--probe {probe}: expected all or one of {', '.join(PROBES)}")
+        if probe not in headprobe.PROBES:
+            raise headprobe.HeadprobeError(f"--probe {probe}: expected all or one of "
+                                           f"{', '.join(headprobe.PROBES)}")
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
-    loaded = headprobe.load_model(args.model, device=args.device, dtype=args.dtype,
-                                  trust_remote_code=args.trust_remote_code)
+    loaded = load_model(args)
     on_gpu = loaded.device.type == "cuda"
     if args.grid == "full" or (args.grid == "auto" and on_gpu):
         lengths, depths, described = grids.full_grid(loaded.identity.max_context)
@@ -91,7 +87,7 @@ def run(args) -> int:
     for path in args.needle_file:
         kind = headprobe.load_needles(path)[0].kind
         needle_files[kind] = Path(path)
-    request = ProfileRequest(
+    request = headprobe.ProfileRequest(
         probes=probes, lengths=list(lengths), depths=list(depths), out_dir=Path(args.out_dir), mode=args.mode,
         seeds=args.seeds, needle_files=needle_files, needle_ids=args.needles, haystack=args.haystack,
         chat_template=not args.no_chat_template, batch_size=args.batch_size, gate=args.gate,
@@ -103,7 +99,7 @@ def run(args) -> int:
           f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}",
           file=sys.stderr)
     started = time.perf_counter()
-    result = run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
+    result = headprobe.run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
     elapsed = time.perf_counter() - started
     print(f"{result.trials_run} trials run, {result.trials_skipped} resumed from logs, {elapsed:.0f} s",
           file=sys.stderr)

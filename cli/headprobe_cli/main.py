@@ -2,8 +2,12 @@
 
 Each subcommand lives in its own module with ``register(subparsers)``; the module sets
 ``func=run`` on its parser, and may name in ``FLAGS`` the flags whose names differ from the library
-parameters they set (errors raised while the command runs spell parameters as its flags). Errors derived from :class:`headprobe.HeadprobeError` are printed as one line
-(``headprobe: error: ...``) with exit status 2; ``--debug`` shows the traceback instead.
+parameters they set (errors raised while the command runs spell parameters as its flags). Errors derived
+from :class:`headprobe.HeadprobeError` are printed as one line (``headprobe: error: ...``) with exit
+status 2; ``--debug`` shows the traceback instead.
+
+Building the parser imports no torch, transformers or matplotlib (``headprobe`` imports its names on first
+use): a command imports what it needs inside its ``run``, so ``headprobe --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -13,7 +17,6 @@ import importlib
 import sys
 
 import headprobe
-from headprobe.errors import flag_spelling
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -49,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(f"headprobe_cli.cmd_{args.command}")
     try:
-        with flag_spelling(getattr(module, "FLAGS", {})):
+        with headprobe.flag_spelling(getattr(module, "FLAGS", {})):
             result = args.func(args)
     except headprobe.HeadprobeError as exc:
         if args.debug:

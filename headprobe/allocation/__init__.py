@@ -1,12 +1,12 @@
 """KV-cache budget allocation: turn profiles into per (layer, KV head) token budgets.
 
-Allocators (one module each): :mod:`.headkv` (HeadKV, with ``compat="headkv"``), :mod:`.dynamickv`,
+Allocators (one module each): :mod:`.headkv` (HeadKV, with ``compat="headkv"``), :mod:`.dynamickv_offline`,
 :mod:`.combined` (DynamicKV layer budgets split by head scores), :mod:`.uniform` (SnapKV),
-:mod:`.pyramid` (PyramidKV). :func:`clamp_and_redistribute` fits budgets to a prompt at run time.
+:mod:`.pyramid` (PyramidKV); :data:`ALLOCATORS` names them with what each reads, and :func:`allocate` runs
+one by name. :func:`clamp_and_redistribute` fits budgets to a prompt at run time.
 """
 
 from .api import (
-    DEFAULT_BETA,
     METHODS,
     FoundProfile,
     allocate,
@@ -14,6 +14,7 @@ from .api import (
     load_profile,
     newest_profile,
     profile_search_dirs,
+    profiles_for_method,
     summarize,
 )
 from .clamp import clamp_and_redistribute, clamp_for_model, scale_to_prompt
@@ -22,11 +23,14 @@ from .common import Capacity, largest_remainder, prepare_scores, resolve_capacit
 from .dynamickv_offline import allocate_dynamickv, parse_task_mix, retention_shares
 from .headkv import allocate_headkv, headkv_budgets, headkv_compat_budgets, headkv_floor
 from .pyramid import allocate_pyramid, pyramid_layer_weights
+from .registry import ALLOCATORS, DEFAULT_BETA, Allocator
 from .uniform import allocate_uniform
 
 __all__ = [
+    "ALLOCATORS",
     "DEFAULT_BETA",
     "METHODS",
+    "Allocator",
     "Capacity",
     "FoundProfile",
     "allocate",
@@ -47,6 +51,7 @@ __all__ = [
     "parse_task_mix",
     "prepare_scores",
     "profile_search_dirs",
+    "profiles_for_method",
     "pyramid_layer_weights",
     "resolve_capacity",
     "retention_shares",

@@ -13,14 +13,10 @@ from ..errors import FileFormatError, HeadprobeError
 from ..models.identity import ModelIdentity
 from ..paths import shipped_profiles_dir
 from ..profile import Profile
-from .combined import allocate_combined
-from .dynamickv_offline import allocate_dynamickv
-from .headkv import allocate_headkv
-from .pyramid import DEFAULT_PYRAMID_BETA, allocate_pyramid
-from .uniform import allocate_uniform
+from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source
 
-METHODS = ("headkv", "dynamickv", "combined", "uniform", "pyramid")
-DEFAULT_BETA = 1.2
+#: The method names, in the order help texts list them.
+METHODS = tuple(ALLOCATORS)
 
 
 @dataclass
@@ -37,7 +33,7 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
              reduction: str | None = None, task: str | Mapping[str, float] | None = None,
              compat: str | None = None, clamp: bool = False, allow_fallback: bool = False,
              source_paths: Sequence[str | None] | None = None) -> BudgetMap:
-    """Allocate a budget map with the named method.
+    """Allocate a budget map with the named method (a key of :data:`~.registry.ALLOCATORS`).
 
     Parameters
     ----------
@@ -50,16 +46,20 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
         The model to allocate for (default: the first profile's model).
     beta
         HeadKV's β (default 1.2) for ``headkv``/``combined``; PyramidKV's β (default 20) for ``pyramid``.
+    source_paths
+        The file each profile was loaded from, recorded in the map's ``method.sources``.
 
-    Other parameters are those of the allocator (see :mod:`headprobe.allocation`).
+    Other parameters are those of the allocator (see :mod:`headprobe.allocation`); a method ignores
+    those that do not apply to it.
 
     Raises
     ------
     HeadprobeError
         Unknown method, missing or wrong profiles, bad parameters, or a profile of another model.
     """
-    if method not in METHODS:
-        raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(METHODS)}")
+    allocator = ALLOCATORS.get(method)
+    if allocator is None:
+        raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(ALLOCATORS)}")
     profiles = list(profiles)
     paths = list(source_paths) if source_paths is not None else [None] * len(profiles)
     paths += [None] * (len(profiles) - len(paths))
@@ -69,35 +69,53 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
         model = profiles[0].model
     for p in profiles:
         p.model.check_fits(model, what=f"{p.kind} profile")
-    heads = [(p, s) for p, s in zip(profiles, paths) if p.query_heads is not None]
-    layers = [(p, s) for p, s in zip(profiles, paths) if p.retention]
-    common = {"capacity": capacity, "window": window, "sink": sink, "ratio": ratio, "prompt_len": prompt_len, "clamp": clamp}
     if compat is not None and method != "headkv":
         raise HeadprobeError(f"compat={compat!r} exists only for method headkv")
-    if method == "headkv":
-        if not heads:
-            raise HeadprobeError("method headkv needs a head-score profile (retrieval or retrieval_reasoning)")
-        p, s = heads[0]
-        return allocate_headkv(p, model, beta=DEFAULT_BETA if beta is None else beta, temperature=temperature,
-                               reduction=reduction, compat=compat, allow_fallback=allow_fallback,
-                               source_path=s, **common)
-    if method == "dynamickv":
-        if not layers:
-            raise HeadprobeError("method dynamickv needs a layer_retention profile "
-                                 "(make one with `headprobe profile --probe layer_retention`)")
-        p, s = layers[0]
-        return allocate_dynamickv(p, model, task=task, source_path=s, **common)
-    if method == "combined":
-        lp = [(p, s) for p, s in layers if p.query_heads is None] or layers
-        hp = [(p, s) for p, s in heads if p is not (lp[0][0] if lp else None)] or heads
-        if not hp or not lp:
-            raise HeadprobeError("method combined needs a head-score profile and a layer_retention profile")
-        return allocate_combined(hp[0][0], lp[0][0], model, beta=DEFAULT_BETA if beta is None else beta,
-                                 task=task, temperature=temperature, reduction=reduction,
-                                 allow_fallback=allow_fallback, source_paths=(hp[0][1], lp[0][1]), **common)
-    if method == "uniform":
-        return allocate_uniform(model, **common)
-    return allocate_pyramid(model, beta=DEFAULT_PYRAMID_BETA if beta is None else beta, **common)
+    sources = _match_needs(allocator.needs, list(zip(profiles, paths)))
+    if sources is None:
+        kinds = " ".join(allocator.default_kinds)
+        raise HeadprobeError(f"method {method} needs " + " and ".join(NEEDS[n][1] for n in allocator.needs)
+                             + f"; make one with `headprobe profile --probe {kinds}`")
+    return allocator.run(model, sources, capacity=capacity, window=window, sink=sink, beta=beta, ratio=ratio,
+                         prompt_len=prompt_len, temperature=temperature, reduction=reduction, task=task,
+                         compat=compat, clamp=clamp, allow_fallback=allow_fallback)
+
+
+def _provides(profile: Profile, need: str) -> bool:
+    return profile.query_heads is not None if need == "head_scores" else bool(profile.retention)
+
+
+def _match_needs(needs: Sequence[str], given: list[Source]) -> list[Source] | None:
+    """One given profile per need, in the order of ``needs``; ``None`` when a need has none.
+
+    A profile that provides only one need is preferred for it, and each profile serves one need
+    while another fits.
+    """
+    chosen: list[Source] = []
+    for need in needs:
+        fits = [s for s in given if _provides(s[0], need)]
+        unused = [s for s in fits if all(s[0] is not c[0] for c in chosen)]
+        only = [s for s in unused if not any(_provides(s[0], o) for o in needs if o != need)]
+        pick = only or unused or fits
+        if not pick:
+            return None
+        chosen.append(pick[0])
+    return chosen
+
+
+def profiles_for_method(method: str, model: ModelIdentity | str,
+                        dirs: Sequence[Path] | None = None) -> list[FoundProfile]:
+    """The newest profiles of the kinds ``method`` reads when none is given (see :func:`newest_profile`).
+
+    ``model`` is an identity or a bare model name (when its config cannot be read); after the first
+    profile, the others are looked up for that profile's model.
+    """
+    if method not in ALLOCATORS:
+        raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(ALLOCATORS)}")
+    found: list[FoundProfile] = []
+    for kind in ALLOCATORS[method].default_kinds:
+        found.append(newest_profile(found[0].profile.model if found else model, kind, dirs))
+    return found
 
 
 def profile_search_dirs() -> list[Path]:
@@ -142,7 +160,7 @@ def newest_profile(model: ModelIdentity | str, kind: str = "retrieval_reasoning"
         name = model.name if isinstance(model, ModelIdentity) else model
         where = ", ".join(str(d) for d in (dirs if dirs is not None else profile_search_dirs())) or "./profiles"
         raise HeadprobeError(f"no {kind} profile of {name} found in {where}; make one with "
-                             f"`headprobe profile --probe {kind}` or pass --profile FILE")
+                             f"`headprobe profile --probe {kind}` or give a profile file")
     return found[0]
 
 
@@ -152,7 +170,7 @@ def load_profile(path: str | Path) -> Profile:
         return Profile.load(path)
     except FileFormatError as exc:
         if exc.field == "format":
-            raise FileFormatError(path, "format", f"{exc.expected}; --profile expects a headprobe profile "
+            raise FileFormatError(path, "format", f"{exc.expected}: allocation reads headprobe profiles "
                                   "(import other tools' files with `headprobe import`)") from None
         raise
 
@@ -175,5 +193,5 @@ def summarize(bm: BudgetMap) -> str:
 
 
 __all__: Sequence[str] = ("DEFAULT_BETA", "METHODS", "FoundProfile", "allocate", "find_profiles", "load_profile",
-                          "newest_profile", "profile_search_dirs", "summarize")
+                          "newest_profile", "profile_search_dirs", "profiles_for_method", "summarize")
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..budget_map import BudgetMap
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..models.identity import ModelIdentity
 from ..profile import GROUP_REDUCTIONS, Profile, reduce_groups
 
@@ -66,7 +66,7 @@ def resolve_capacity(capacity: int | None = 128, window: int = 8, sink: int = 0,
         if not (0 < ratio <= 1):
             raise HeadprobeError(f"ratio must be in (0, 1], got {ratio!r}")
         if prompt_len is None or prompt_len <= 0:
-            raise HeadprobeError("a ratio needs a prompt length (--prompt-len) to turn into a capacity")
+            raise HeadprobeError(f"a ratio needs a prompt length ({param('prompt_len')}) to turn into a capacity")
         capacity = math.floor(ratio * prompt_len + 0.5)
     if capacity is None or not isinstance(capacity, (int, np.integer)):
         raise HeadprobeError(f"capacity must be an integer, got {capacity!r}")
@@ -166,7 +166,7 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
             bad = "has all-zero scores"
     if bad:
         if not allow_fallback:
-            raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass allow_fallback / --fallback-uniform "
+            raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass {param('allow_fallback', True)} "
                                  "to allocate uniformly instead)")
         return np.full(s.shape, 1.0 / s.size), True
     if temperature is not None and temperature != 1:

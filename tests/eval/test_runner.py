@@ -123,7 +123,7 @@ def test_interrupted_grid_resumes_from_the_last_finished_cell(tiny_llama, tmp_pa
         run_eval(tiny_llama, _request(), out)
     partial = EvalResult.load(out)
     assert len(partial.cells) == 3 and not partial.complete
-    with pytest.raises(HeadprobeError, match="--resume"):
+    with pytest.raises(HeadprobeError, match="pass resume=True"):
         run_eval(tiny_llama, _request(), out)
     calls.clear()
     monkeypatch.setattr(grid, "run_trial", real)

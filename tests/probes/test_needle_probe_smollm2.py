@@ -70,7 +70,7 @@ def test_resume_after_interruption_gives_same_profile(fast_run, smollm2, tmp_pat
     log = (out / "smollm2-135m.retrieval.trials.jsonl").read_text().splitlines()
     # an interrupted run: header, two finished trials, and half a line
     (tmp_path / "smollm2-135m.retrieval.trials.jsonl").write_text("\n".join(log[:3]) + "\n" + log[3][:40])
-    with pytest.raises(headprobe.HeadprobeError, match="--resume"):
+    with pytest.raises(headprobe.HeadprobeError, match="pass resume=True"):
         run_profile(smollm2, _request(tmp_path))
     result = run_profile(smollm2, _request(tmp_path, resume=True))
     assert result.trials_skipped == 2 and result.trials_run == 2

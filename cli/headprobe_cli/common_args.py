@@ -1,0 +1,83 @@
+"""Arguments several commands share, defined once: the model and how to load it, and what to do with the
+files an earlier run left (``--resume``, ``--force``)."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable, Iterable, Iterator, Sequence
+
+import headprobe as hp
+
+MODEL_HELP = "alias, Hugging Face id or local directory"
+
+
+def add_model_argument(parser: argparse.ArgumentParser, default: str | None = hp.DEFAULT_MODEL,
+                       help: str = MODEL_HELP) -> None:
+    """``--model``: which model (``headprobe models`` lists the aliases)."""
+    parser.add_argument("--model", default=default, help=help)
+
+
+def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--model --device --dtype --trust-remote-code``: for the commands that load a model's weights."""
+    add_model_argument(parser)
+    parser.add_argument("--device", default=None,
+                        help="cpu, cuda, cuda:N or auto (device_map=auto); unset: the GPU if there is one, "
+                             "else the CPU")
+    parser.add_argument("--dtype", default="auto", choices=hp.DTYPES,
+                        help="auto: bfloat16 on a GPU, float32 on the CPU")
+    parser.add_argument("--trust-remote-code", action="store_true", help="allow models that run their own code")
+
+
+def load_model(args: argparse.Namespace) -> hp.LoadedModel:
+    """The model named by :func:`add_loading_arguments`' arguments."""
+    return hp.load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+
+
+def add_rerun_arguments(parser: argparse.ArgumentParser, log: str, replaced: str) -> None:
+    """``--resume --force`` of a command that logs its work as it goes.
+
+    Parameters
+    ----------
+    log
+        What the finished work is kept in ("its trial logs").
+    replaced
+        What ``--force`` replaces ("the trial logs").
+    """
+    parser.add_argument("--resume", action="store_true", help=f"continue an interrupted run from {log}")
+    parser.add_argument("--force", action="store_true", help=f"start over, replacing {replaced}")
+
+
+def add_force_argument(parser: argparse.ArgumentParser, what: str = "an existing output") -> None:
+    """``--force`` of a command that writes one output: overwrite it."""
+    parser.add_argument("--force", action="store_true", help=f"overwrite {what}")
+
+
+class LazyChoices(Sequence[str]):
+    """Choices that come from the library only when argparse uses them: to check a value given on the
+    command line, or to list them in the command's own ``--help``.
+
+    Give the argument a ``metavar`` too: argparse then leaves the choices alone while the parser is
+    built, so building it imports nothing heavy (the policies need torch). ``%(choices)s`` in the
+    help lists them.
+    """
+
+    def __init__(self, names: Callable[[], Iterable[str]]) -> None:
+        self._names = names
+        self._loaded: tuple[str, ...] | None = None
+
+    def _get(self) -> tuple[str, ...]:
+        if self._loaded is None:
+            self._loaded = tuple(self._names())
+        return self._loaded
+
+    def __getitem__(self, index):  # type: ignore[override]
+        return self._get()[index]
+
+    def __len__(self) -> int:
+        return len(self._get())
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._get())
+
+    def __contains__(self, value: object) -> bool:
+        return value in self._get()
