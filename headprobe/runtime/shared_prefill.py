@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..models.loading import generation_eos_ids, transformers_model
 from .cache import LayerSlot, SlotCache
 from .cache_attention import check_supported, headprobe_attention
@@ -181,7 +181,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_greedy(hf_model, generate_kwargs)
     if max_new_tokens < 1:
-        raise HeadprobeError("generate_from_prefill: max_new_tokens must be at least 1")
+        raise HeadprobeError(f"generate_from_prefill: {param('max_new_tokens', max_new_tokens)}: expected at least 1")
     ids, mask = prefill.input_ids, prefill.attention_mask
     cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
     cache.compress_prompt(prefill.layers)
