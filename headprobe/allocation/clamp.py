@@ -86,20 +86,79 @@ def _clamp_one(b: np.ndarray, prompt_len: int, floor: int, weights: np.ndarray |
     room = np.minimum(prompt_len, limits)[:, None].repeat(b.shape[1], axis=1)
     if np.any(b < np.minimum(floor, room)):
         raise ValueError(f"a budget is below the floor of {floor} tokens (window + sink)")
-    target = min(int(b.sum()), int(room.sum()))
-    w = (b if weights is None else weights).astype(np.float64)
-    cur = np.minimum(b, room)
-    excess = target - int(cur.sum())
-    while excess > 0:
+    return redistribute(b, room, weights)
+
+
+def redistribute(budgets, room, weights=None) -> np.ndarray:
+    """Clamp integer budgets to each entry's room and give what was cut to the entries with room left.
+
+    Parameters
+    ----------
+    budgets
+        Non-negative integers, any shape.
+    room
+        The most each entry may hold, same shape.
+    weights
+        Non-negative, same shape: the excess goes to the entries with room left in proportion to these;
+        default the budgets themselves. Open entries with zero total weight share it evenly.
+
+    Returns
+    -------
+    np.ndarray
+        ``int64`` of the same shape: every entry ``<= room``, no entry below ``min(budget, room)``, summing
+        to ``min(budgets.sum(), room.sum())`` exactly. The split is computed in real numbers and rounded
+        once (largest remainder, ties to the lower flat index).
+    """
+    b = np.asarray(budgets, dtype=np.int64)
+    w = b if weights is None else weights
+    return _fill_and_round(b.astype(np.float64), room, w, int(b.sum()))
+
+
+def split_with_caps(total: int, weights, caps) -> np.ndarray:
+    """Integer split of ``total`` in proportion to ``weights`` with every entry ``<= caps`` (same shape).
+
+    Entries whose share would pass their cap hold the cap and the rest is split again over the others
+    (water filling), then rounded once; sums to ``min(total, caps.sum())`` exactly.
+
+    Examples
+    --------
+    >>> split_with_caps(100, [1, 1, 1, 5], [10, 50, 50, 30]).tolist()
+    [10, 30, 30, 30]
+    """
+    w = np.asarray(weights, dtype=np.float64)
+    share = w if w.sum() > 0 else np.ones_like(w)
+    return _fill_and_round(int(total) * share / max(share.sum(), 1e-300), caps, w, int(total))
+
+
+def _fill_and_round(start: np.ndarray, room, weights, total: int) -> np.ndarray:
+    """Clamp ``start`` (real) to ``room``, hand the excess to open entries by ``weights`` until none is cut,
+    then round to integers summing to ``min(total, room.sum())``."""
+    room = np.asarray(room, dtype=np.int64).reshape(start.shape)
+    w = np.asarray(weights, dtype=np.float64).reshape(start.shape)
+    target = min(int(total), int(room.sum()))
+    cur = np.minimum(start, room)
+    excess = float(start.sum()) - float(cur.sum())
+    while excess > 1e-9:
         open_ = cur < room
+        if not open_.any():
+            break
         ow = np.where(open_, w, 0.0)
         if ow.sum() <= 0:
             ow = open_.astype(np.float64)
-        cur = cur + largest_remainder(ow, excess)
-        over = np.maximum(cur - room, 0)
+        cur = cur + excess * ow / ow.sum()
+        over = np.maximum(cur - room, 0.0)
         cur = cur - over
-        excess = int(over.sum())
-    return cur
+        excess = float(over.sum())
+    base = np.minimum(np.floor(cur + 1e-9).astype(np.int64), room)
+    left = target - int(base.sum())
+    if left > 0:
+        frac = np.where(base < room, np.round(cur - base, 9), -np.inf).ravel()   # equal up to float noise: a tie
+        order = np.lexsort((np.arange(frac.size), -frac))      # largest remainder first, then lowest index
+        order = order[np.isfinite(frac[order])]                # entries at their room take no more
+        flat = base.ravel()
+        flat[order[:left]] += 1
+        base = flat.reshape(base.shape)
+    return base
 
 
 def scale_to_prompt(shares, prompt_len: int, ratio: float, window: int = 0, sink: int = 0) -> np.ndarray:
@@ -137,4 +196,5 @@ def clamp_for_model(budgets: np.ndarray, cap, prompt_len: int | None, model) -> 
     return clamp_and_redistribute(np.asarray(budgets), prompt_len, cap.window, cap.sink, limits=limits)
 
 
-__all__: Sequence[str] = ("clamp_and_redistribute", "clamp_for_model", "scale_to_prompt")
+__all__: Sequence[str] = ("clamp_and_redistribute", "clamp_for_model", "redistribute", "scale_to_prompt",
+                          "split_with_caps")

@@ -1,6 +1,8 @@
 """Attention probabilities of a few query rows over the keys, without the full attention matrix.
 
-These are the pure tensor functions; :mod:`headprobe.attention.recorder` hooks them into a model's
+:func:`masked_attention` is the one masked softmax attention of the package (float32, GQA by stacking
+each KV head's query heads, optional soft-capping and log bias); :func:`attention_rows` builds the causal
+mask from positions and calls it. These are the pure tensor functions; :mod:`headprobe.attention.recorder` hooks them into a model's
 forward through transformers' attention interface.
 """
 
@@ -10,6 +12,68 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import HeadprobeError
+
+
+def masked_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor | None,
+    visible: torch.Tensor,
+    scaling: float,
+    softcap: float | None = None,
+    log_bias: torch.Tensor | None = None,
+    return_probs: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Softmax attention in float32 under an explicit visibility mask, GQA without repeating the keys.
+
+    The query heads that read one KV head are stacked along the query axis
+    (``[batch, kv_heads, group · n, head_dim]``), so the keys and values are used as they are.
+
+    Parameters
+    ----------
+    query
+        ``[batch, query_heads, n, head_dim]``; ``query_heads`` a multiple of ``kv_heads`` (query head ``h``
+        reads KV head ``h // (query_heads // kv_heads)``).
+    key
+        ``[batch, kv_heads, keys, head_dim]``.
+    value
+        ``[batch, kv_heads, keys, value_dim]``, or ``None`` to return the probabilities only.
+    visible
+        Boolean, broadcastable to ``[batch, kv_heads, n, keys]`` (``[batch or 1, kv_heads or 1, n, keys]``):
+        which keys each query row may attend to; shared by the query heads of a KV head.
+    scaling
+        Multiplier of ``q·k``.
+    softcap
+        Logit soft-capping ``softcap · tanh(logits / softcap)`` (applied before the bias), ``None`` for none.
+    log_bias
+        ``[batch, kv_heads, keys]`` added to the logits (KeepKV's ``log p`` votes).
+    return_probs
+        Also return the probabilities.
+
+    Returns
+    -------
+    torch.Tensor or tuple
+        ``[batch, query_heads, n, value_dim]`` in the query's dtype; with ``return_probs`` also the
+        ``[batch, query_heads, n, keys]`` float32 probabilities; with ``value=None`` the probabilities only.
+        A row that sees no key gets zero probabilities (and a zero output).
+    """
+    batch, q_heads, n, head_dim = query.shape
+    kv_heads, n_keys = key.shape[1], key.shape[2]
+    group = q_heads // kv_heads
+    q = query.float().reshape(batch, kv_heads, group * n, head_dim)
+    logits = torch.matmul(q, key.float().transpose(-1, -2)) * scaling        # [b, kv, group*n, keys]
+    logits = logits.reshape(batch, kv_heads, group, n, n_keys)
+    if softcap:
+        logits = softcap * torch.tanh(logits / softcap)
+    if log_bias is not None:
+        logits = logits + log_bias.float()[:, :, None, None, :]
+    logits = logits.masked_fill(~visible.to(torch.bool)[:, :, None], float("-inf"))
+    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)                     # [b, kv, group, n, keys]
+    if value is None:
+        return probs.reshape(batch, q_heads, n, n_keys)
+    out = torch.matmul(probs.reshape(batch, kv_heads, group * n, n_keys), value.float())
+    out = out.reshape(batch, q_heads, n, value.shape[-1]).to(query.dtype)
+    return (out, probs.reshape(batch, q_heads, n, n_keys)) if return_probs else out
 
 
 def attention_rows(
@@ -51,20 +115,10 @@ def attention_rows(
     Returns
     -------
     torch.Tensor
-        ``[batch, query_heads, n_rows, keys]`` float32 probabilities; rows sum to 1.
+        ``[batch, query_heads, n_rows, keys]`` float32 probabilities (:func:`masked_attention`); rows sum to 1.
     """
-    batch, q_heads, n_rows, head_dim = query.shape
-    kv_heads, n_keys = key.shape[1], key.shape[2]
-    group = q_heads // kv_heads
-    q = query.float().reshape(batch, kv_heads, group * n_rows, head_dim)
-    logits = torch.matmul(q, key.float().transpose(-1, -2)) * scaling  # [b, kv, group*rows, keys]
-    logits = logits.reshape(batch, kv_heads, group, n_rows, n_keys)
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    if log_bias is not None:
-        logits = logits + log_bias.float()[:, :, None, None, :]
     if key_positions is None:
-        key_positions = torch.arange(n_keys, device=key.device)
+        key_positions = torch.arange(key.shape[2], device=key.device)
     qp = query_positions.to(key.device)
     kp = key_positions.to(key.device)
     qp = qp[None, :] if qp.dim() == 1 else qp          # [b or 1, rows]
@@ -74,9 +128,7 @@ def attention_rows(
         visible = visible & (qp[:, :, None] - kp[:, None, :] < sliding_window)
     if key_mask is not None:
         visible = visible & key_mask[:, None, :].to(torch.bool)
-    logits = logits.masked_fill(~visible[:, None, None, :, :], float("-inf"))
-    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-    return probs.reshape(batch, q_heads, n_rows, n_keys)
+    return masked_attention(query, key, None, visible[:, None], scaling, softcap=softcap, log_bias=log_bias)
 
 
 def pooled_window_scores(

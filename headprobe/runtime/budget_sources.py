@@ -9,58 +9,34 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
+from ..allocation.clamp import clamp_and_redistribute
+from ..allocation.common import largest_remainder
 from ..budget_map import BudgetMap
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..models.identity import ModelIdentity
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .cache import CompressedCache
-    from .policies.base import Policy
-
-
-def distribute(total: int, weights: np.ndarray, caps: np.ndarray) -> np.ndarray:
-    """Integer split of ``total`` proportional to ``weights`` with ``x_i <= caps_i`` (clamp and redistribute).
-
-    Heads that reach their cap keep it and the excess goes to the others in proportion to their weights;
-    remainders go to the largest fractional parts, ties to the lower index. The result sums to
-    ``min(total, caps.sum())`` exactly.
-    """
-    weights = np.asarray(weights, dtype=np.float64).ravel()
-    caps = np.asarray(caps, dtype=np.int64).ravel()
-    total = int(min(total, caps.sum()))
-    alloc = np.zeros_like(caps)
-    active = caps > 0
-    while True:
-        remaining = total - int(alloc.sum())
-        if remaining <= 0 or not active.any():
-            return alloc
-        w = np.where(active, weights, 0.0)
-        if w.sum() <= 0:
-            w = active.astype(np.float64)
-        ideal = remaining * w / w.sum()
-        over = active & (alloc + ideal >= caps)
-        if over.any():
-            alloc[over] = caps[over]
-            active &= ~over
-            continue
-        base = np.floor(ideal).astype(np.int64)
-        extra = remaining - int(base.sum())
-        frac = np.where(active, ideal - base, -1.0)
-        order = np.lexsort((np.arange(len(frac)), -frac))
-        base[order[:extra]] += 1
-        return alloc + base
+from .policies.base import Policy
+from .shape import CacheShape
 
 
 class BudgetSource:
     """Resolves per-head budgets for the prompts of a batch."""
 
-    def resolve(self, cache: CompressedCache, prompt_lengths: torch.Tensor, policy: Policy) -> torch.Tensor:
-        """``[batch, layers, kv_heads]`` int64 budgets (window included)."""
+    def resolve(self, shape: CacheShape, prompt_lengths: torch.Tensor, policy: Policy) -> torch.Tensor:
+        """``[batch, layers, kv_heads]`` int64 budgets (window included).
+
+        Parameters
+        ----------
+        shape
+            Layers, KV heads and layer types of the cache.
+        prompt_lengths
+            ``[batch]`` real (unpadded) prompt tokens.
+        policy
+            The policy the budgets are for (its ``window`` is kept by every head).
+        """
         raise NotImplementedError
 
     def describe(self) -> str:
@@ -68,9 +44,9 @@ class BudgetSource:
 
 
 def _check_window(capacity: int, policy: Policy, what: str) -> None:
-    window = getattr(policy, "window", 0) or 0
-    if type(policy).uses_budgets and capacity < window:
-        raise HeadprobeError(f"{what} {capacity} is smaller than the {policy.name} window ({window} tokens)")
+    if type(policy).uses_budgets and capacity < policy.window:
+        raise HeadprobeError(f"{param(what, capacity)} is smaller than the {policy.name} window "
+                             f"({policy.window} tokens)")
 
 
 @dataclass
@@ -79,11 +55,11 @@ class UniformBudget(BudgetSource):
 
     capacity: int
 
-    def resolve(self, cache, prompt_lengths, policy):
+    def resolve(self, shape, prompt_lengths, policy):
         _check_window(self.capacity, policy, "capacity")
         b = prompt_lengths.shape[0]
         # Not clamped to the prompt: policies with a constant-size cache grow up to the capacity.
-        return torch.full((b, cache.num_layers, cache.num_kv_heads), self.capacity, dtype=torch.long)
+        return torch.full((b, shape.num_layers, shape.num_kv_heads), self.capacity, dtype=torch.long)
 
     def describe(self) -> str:
         return f"capacity {self.capacity}"
@@ -95,14 +71,14 @@ class RatioBudget(BudgetSource):
 
     ratio: float
 
-    def resolve(self, cache, prompt_lengths, policy):
+    def resolve(self, shape, prompt_lengths, policy):
         if not 0 < self.ratio <= 1:
-            raise HeadprobeError(f"ratio {self.ratio}: expected a number in (0, 1]")
-        window = getattr(policy, "window", 0) or 0
+            raise HeadprobeError(f"{param('ratio', self.ratio)}: expected a number in (0, 1]")
         lengths = prompt_lengths.cpu()
-        per_row = torch.tensor([max(math.ceil(self.ratio * int(n)), window) for n in lengths], dtype=torch.long)
+        per_row = torch.tensor([max(math.ceil(self.ratio * int(n)), policy.window) for n in lengths],
+                               dtype=torch.long)
         per_row = torch.minimum(per_row, lengths)
-        return per_row[:, None, None].expand(-1, cache.num_layers, cache.num_kv_heads).clone()
+        return per_row[:, None, None].expand(-1, shape.num_layers, shape.num_kv_heads).clone()
 
     def describe(self) -> str:
         return f"ratio {self.ratio}"
@@ -114,7 +90,8 @@ class MapBudget(BudgetSource):
 
     Each head gets the window, and the rest of the total (``capacity · layers · kv_heads`` when
     ``capacity`` is given, else the file's own total) is split by the file's ``shares``, clamped to the
-    prompt length with the excess redistributed (:func:`distribute`). On models with sliding-window layers
+    prompt length with the excess redistributed
+    (:func:`~headprobe.allocation.clamp.clamp_and_redistribute`). On models with sliding-window layers
     (Gemma 3), which keep their window whatever the budget, the same mean per head is split over the
     cached (full-attention) layers only, so a budget map and a uniform capacity hold the same bytes.
 
@@ -132,54 +109,50 @@ class MapBudget(BudgetSource):
     capacity: int | None = None
     identity: ModelIdentity | None = None
 
-    def check(self, num_layers: int, num_kv_heads: int) -> None:
+    def check(self, shape: CacheShape) -> None:
+        """Refuse a file made for another model or with budgets the runtime cannot use."""
         bm = self.budget_map
         if self.identity is not None:
             bm.model.check_fits(self.identity, what="budget file")
         if bm.granularity != "kv_head":
             raise HeadprobeError("budget file has query-head budgets (compat mode); the runtime needs kv_head "
                                  "granularity")
-        if len(bm.budgets) != num_layers or any(len(r) != num_kv_heads for r in bm.budgets):
+        layers, kv_heads = shape.num_layers, shape.num_kv_heads
+        if len(bm.budgets) != layers or any(len(r) != kv_heads for r in bm.budgets):
             raise HeadprobeError(
                 f"budget file was made for {bm.model.name} ({bm.model.num_layers} layers × "
-                f"{bm.model.num_kv_heads} KV heads) but the model has {num_layers} layers × {num_kv_heads} KV heads")
+                f"{bm.model.num_kv_heads} KV heads) but the model has {layers} layers × {kv_heads} KV heads")
 
-    def resolve(self, cache, prompt_lengths, policy):
-        self.check(cache.num_layers, cache.num_kv_heads)
-        window = getattr(policy, "window", 0) or 0
+    def resolve(self, shape, prompt_lengths, policy):
+        self.check(shape)
+        window = policy.window
         bm = self.budget_map
-        shape = (cache.num_layers, cache.num_kv_heads)
-        heads = shape[0] * shape[1]
         if self.capacity is not None:
             _check_window(self.capacity, policy, "capacity")
-            total = self.capacity * heads
+            total = self.capacity * shape.heads
         else:
             smallest = min(min(r) for r in bm.budgets)
             if smallest < window:
                 raise HeadprobeError(f"budget file has a head budget of {smallest} tokens, smaller than the "
                                      f"{policy.name} window ({window} tokens)")
             total = bm.total
-        from ..allocation.clamp import clamp_and_redistribute
-
         # Sliding-window layers keep their window whatever the budget says: what a map gives them would be
         # lost, so the same mean per head goes to the cached (full-attention) layers only, by their shares.
-        cached = [i for i, t in enumerate(cache.layer_types) if t != "sliding_attention"]
+        cached = shape.cached_layers
         shares = np.asarray(bm.shares, dtype=np.float64)[cached]
         if shares.sum() <= 0:
             shares = np.ones_like(shares)
-        sub_heads = len(cached) * shape[1]
-        if self.capacity is None and len(cached) == shape[0]:
+        sub_heads = len(cached) * shape.num_kv_heads
+        if self.capacity is None and len(cached) == shape.num_layers:
             target = np.asarray(bm.budgets, dtype=np.int64)          # the file's budgets as they are
         else:
             # The file's distribution at the requested total: the window for every head, the rest by shares.
-            sub_total = int(round(total * sub_heads / heads))
-            unbounded = np.full(sub_heads, np.iinfo(np.int64).max // (4 * sub_heads), dtype=np.int64)
-            target = (distribute(max(sub_total - window * sub_heads, 0), shares.ravel(), unbounded)
-                      + window).reshape(len(cached), shape[1])
+            sub_total = round(total * sub_heads / shape.heads)
+            target = largest_remainder(shares, max(sub_total - window * sub_heads, 0)) + window
         lengths = [int(n) for n in prompt_lengths.cpu().tolist()]
         clamped = clamp_and_redistribute(target, lengths, window=window, weights=shares)
-        out = np.full((len(lengths), *shape), max(window, 1), dtype=np.int64)
-        out[:, cached] = np.asarray(clamped, dtype=np.int64).reshape(len(lengths), len(cached), shape[1])
+        out = np.full((len(lengths), shape.num_layers, shape.num_kv_heads), max(window, 1), dtype=np.int64)
+        out[:, cached] = np.asarray(clamped, dtype=np.int64).reshape(len(lengths), len(cached), shape.num_kv_heads)
         return torch.as_tensor(out)
 
     def describe(self) -> str:

@@ -1,9 +1,12 @@
 """``CompressedCache``: a transformers ``Cache`` that stores only the tokens the budget keeps.
 
-``update`` does not concatenate anything: it hands the new keys/values to the layer slot and returns the
-slot itself, which transformers passes unchanged to the attention function registered as ``headprobe``
-(:mod:`headprobe.runtime.cache_attention`). That function runs the policy: full attention over the prompt and
-compression at prefill, ragged attention over the per-head store while decoding.
+``update`` concatenates nothing: it keeps the new keys/values in the layer slot and returns the slot's
+:class:`PendingKV` handle in place of both tensors. transformers passes that handle unchanged to the
+attention function registered as ``headprobe`` (:mod:`headprobe.runtime.cache_attention`), which asks the
+cache to run the layer's policy: full attention over the prompt and compression at prefill, ragged
+attention over the per-head store while decoding. A model whose attention uses the returned keys/values
+as tensors (``key_states.shape``, ``torch.cat``, ``repeat_kv``) touches the handle, which refuses in one
+line (``docs/runtime.md``, "How it plugs into transformers").
 """
 
 from __future__ import annotations
@@ -14,34 +17,119 @@ import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import HeadprobeError
-from ..models.identity import text_config
-from .budget_sources import BudgetSource, UniformBudget
-from .policies.base import LayerContext, Policy
+from .budget_sources import BudgetSource
+from .policies.base import LayerContext, LayerMemory, Policy
+from .shape import SLIDING, CacheShape
 from .store import LayerStore
+
+_SUPPORTED = ("passes what Cache.update returns unchanged to the attention function (as transformers' Llama, "
+              "Mistral, Qwen2 and Gemma 3 do)")
+
+
+def _misuse(layer: int | str, what: str) -> str:
+    return (f"layer {layer}: the model's attention uses the keys/values returned by CompressedCache.update "
+            f"as tensors ({what}); the compressed cache needs an attention that {_SUPPORTED}")
+
+
+def _refusing(what: str) -> Any:
+    """A method of :class:`PendingKV` that refuses its use as a tensor (``what``: the operator)."""
+
+    def refuse(self: PendingKV, *args: Any, **kwargs: Any) -> Any:
+        raise HeadprobeError(_misuse(self.slot.layer_idx, what))
+
+    return refuse
+
+
+class PendingKV:
+    """What ``CompressedCache.update`` returns in place of the key and value tensors.
+
+    It only carries the slot to the ``headprobe`` attention function. Used as a tensor (an attribute
+    such as ``.shape``, an operator, or a torch function such as ``torch.cat``), it raises
+    :class:`~headprobe.errors.HeadprobeError` with one line instead of letting the model compute garbage.
+    """
+
+    __slots__ = ("cache", "slot")
+
+    def __init__(self, cache: SlotCache, slot: LayerSlot) -> None:
+        self.cache = cache
+        self.slot = slot
+
+    def __getattr__(self, name: str) -> Any:
+        raise HeadprobeError(_misuse(self.slot.layer_idx, f".{name}"))
+
+    @classmethod
+    def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
+        flat = [*args, *(kwargs or {}).values()]
+        flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]     # torch.cat([key, ...])
+        layer = next((a.slot.layer_idx for a in flat if isinstance(a, PendingKV)), "?")
+        raise HeadprobeError(_misuse(layer, getattr(func, "__name__", str(func))))
+
+    __getitem__ = _refusing("__getitem__")
+    __setitem__ = _refusing("__setitem__")
+    __len__ = _refusing("__len__")
+    __iter__ = _refusing("__iter__")
+    __bool__ = _refusing("__bool__")
+    __array__ = _refusing("__array__")
+    __add__ = __radd__ = _refusing("+")
+    __sub__ = __rsub__ = _refusing("-")
+    __mul__ = __rmul__ = _refusing("*")
+    __truediv__ = __rtruediv__ = _refusing("/")
+    __matmul__ = __rmatmul__ = _refusing("@")
+
+    def __repr__(self) -> str:
+        return f"PendingKV(layer {self.slot.layer_idx})"
 
 
 class LayerSlot(CacheLayerMixin):
-    """Per-layer bookkeeping seen by transformers; the pairs themselves live in a :class:`LayerStore`."""
+    """Per-layer bookkeeping seen by transformers; the kept pairs live in ``memory.store``.
+
+    Attributes
+    ----------
+    seen
+        Columns of input ids processed (padding included).
+    pending
+        The keys and values of the current call, from ``update`` until the attention takes them.
+    memory
+        The layer's store and policy state (:class:`~headprobe.runtime.policies.base.LayerMemory`).
+    handle
+        The :class:`PendingKV` that ``update`` returns.
+    """
 
     supports_early_init = False
     is_compileable = False
 
-    def __init__(self, cache: CompressedCache, layer_idx: int, is_sliding: bool) -> None:
+    def __init__(self, cache: SlotCache, layer_idx: int, is_sliding: bool) -> None:
         super().__init__()
-        self.cache = cache
         self.layer_idx = layer_idx
         self.is_sliding = is_sliding
-        self.seen = 0            # columns of input ids processed (padding included)
+        self.seen = 0
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
+        self.memory = LayerMemory(layer_idx)
+        self.handle = PendingKV(cache, self)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.is_initialized = True
 
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any):
+    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
+               **kwargs: Any) -> tuple[PendingKV, PendingKV]:
+        if self.pending is not None:
+            raise HeadprobeError(f"layer {self.layer_idx}: the keys stored by the previous CompressedCache.update "
+                                 f"never reached the headprobe attention; the compressed cache needs an attention "
+                                 f"that {_SUPPORTED}")
         self.is_initialized = True
         self.pending = (key_states, value_states)
         self.seen += key_states.shape[-2]
-        return self, self
+        return self.handle, self.handle
+
+    def take(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pending keys and values ``[batch, kv_heads, n, head_dim]`` (the slot forgets them)."""
+        if self.pending is None:
+            raise HeadprobeError(f"layer {self.layer_idx}: the headprobe attention was called without "
+                                 f"CompressedCache.update for this layer; the compressed cache needs an "
+                                 f"attention that {_SUPPORTED}")
+        keys, values = self.pending
+        self.pending = None
+        return keys, values
 
     def get_seq_length(self) -> int:
         return self.seen
@@ -55,7 +143,8 @@ class LayerSlot(CacheLayerMixin):
     def reset(self) -> None:
         self.seen = 0
         self.pending = None
-        self.cache.stores[self.layer_idx] = None
+        self.memory.store = None
+        self.memory.state = None
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise HeadprobeError("CompressedCache does not support beam search (num_beams > 1)")
@@ -64,22 +153,109 @@ class LayerSlot(CacheLayerMixin):
         raise HeadprobeError("CompressedCache cannot be cropped (assisted decoding is not supported)")
 
 
-class CompressedCache(Cache):
+class SlotCache(Cache):
+    """A transformers ``Cache`` whose ``update`` hands the new keys/values to the headprobe attention.
+
+    Subclasses implement :meth:`attend`. The cache knows each row's left padding (from the attention
+    mask, or inferred from the ``position_ids`` generate passes) and so every token's absolute position.
+
+    Parameters
+    ----------
+    shape
+        Layers, KV heads and layer types.
+    attention_mask
+        ``[batch, prompt_len]`` left-padded prompt mask, or ``None``.
+    """
+
+    def __init__(self, shape: CacheShape, attention_mask: torch.Tensor | None = None) -> None:
+        self.shape = shape
+        self.pad: torch.Tensor | None = None
+        if attention_mask is not None:
+            self.set_padding(attention_mask)
+        super().__init__(layers=[LayerSlot(self, i, shape.is_sliding(i)) for i in range(shape.num_layers)])
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape.num_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.shape.num_kv_heads
+
+    @property
+    def layer_types(self) -> list[str]:
+        return list(self.shape.layer_types)
+
+    def set_padding(self, attention_mask: torch.Tensor) -> None:
+        """Record left padding from a ``[batch, prompt_len]`` 0/1 mask."""
+        mask = attention_mask.bool()
+        if mask.shape[1] and bool((mask[:, 1:].long() - mask[:, :-1].long() < 0).any()):
+            raise HeadprobeError("CompressedCache needs left padding (tokenizer.padding_side = 'left')")
+        self.pad = (~mask).long().sum(1)
+
+    def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
+               softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
+        """Attention output ``[batch, q_heads, n, head_dim]`` of one layer's call."""
+        raise NotImplementedError
+
+    def take_call(self, slot: LayerSlot, query: torch.Tensor, sliding_window: int | None,
+                  position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending keys and values of ``slot``, checked against the query, and their positions.
+
+        Returns
+        -------
+        keys, values, positions, valid
+            ``[batch, kv_heads, n, head_dim]`` twice, ``[batch, n]`` absolute positions (negative for left
+            padding) and ``[batch, n]`` bool (False for padding).
+        """
+        keys, values = slot.take()
+        layer = slot.layer_idx
+        if keys.shape[-1] != values.shape[-1] or query.shape[-1] != keys.shape[-1]:
+            raise HeadprobeError(f"layer {layer}: query, key and value head sizes differ ({query.shape[-1]}, "
+                                 f"{keys.shape[-1]}, {values.shape[-1]}); the compressed cache needs one head_dim")
+        if keys.dim() != 4 or query.shape[1] % keys.shape[1] or keys.shape[1] != self.shape.num_kv_heads:
+            raise HeadprobeError(f"layer {layer}: {query.shape[1]} query heads over keys shaped "
+                                 f"{tuple(keys.shape)}; expected [batch, {self.shape.num_kv_heads} KV heads, "
+                                 f"tokens, head_dim] with the query heads a multiple of the KV heads")
+        if bool(sliding_window) != slot.is_sliding:
+            declared = self.shape.layer_types[layer]
+            raise HeadprobeError(f"layer {layer}: the attention passes sliding_window={sliding_window} but the "
+                                 f"config declares it {declared!r}")
+        b, n = keys.shape[0], keys.shape[2]
+        if self.pad is None:      # the first call is the prompt's: generate's position_ids tell the padding
+            self.pad = _infer_padding(position_ids, b, n, keys.device)
+        pad = self.pad.to(keys.device)
+        positions = slot.seen - n + torch.arange(n, device=keys.device)[None, :] - pad[:, None]
+        return keys, values, positions, positions >= 0
+
+    def check_attended(self) -> None:
+        """Refuse a forward after which some layer's keys never reached the headprobe attention."""
+        for slot in self.layers:
+            if slot.pending is not None:
+                raise HeadprobeError(f"layer {slot.layer_idx}: the keys stored by CompressedCache.update never "
+                                     f"reached the headprobe attention; the compressed cache needs an attention "
+                                     f"that {_SUPPORTED}")
+
+
+class CompressedCache(SlotCache):
     """Per (batch row, layer, KV head) storage of the kept tokens only.
 
     Parameters
     ----------
     config
-        The model's config (``model.config``).
+        The model's config (``model.config``) or a :class:`~headprobe.runtime.shape.CacheShape`.
     policy
-        Which tokens to keep (:mod:`headprobe.runtime.policies`); default SnapKV.
+        Which tokens to keep (:mod:`headprobe.runtime.policies`).
     budget
-        Where per-head budgets come from (:mod:`headprobe.runtime.budget_sources`); default capacity 128.
+        Where per-head budgets come from (:mod:`headprobe.runtime.budget_sources`).
     max_new_tokens
         Decode room preallocated per segment (segments grow by re-layout if it runs out).
     attention_mask
         ``[batch, prompt_len]`` left-padded prompt mask; without it padding is inferred from the
         ``position_ids`` generate passes (or assumed absent).
+    sliding_policy
+        The policy of the sliding-window layers (Gemma 3's local layers), required when the model has
+        some: :class:`~headprobe.runtime.policies.SlidingWindow` keeps exactly the window.
 
     Examples
     --------
@@ -89,40 +265,29 @@ class CompressedCache(Cache):
     >>> cache.memory_bytes(), cache.kept_tokens()
     """
 
-    def __init__(self, config: Any, policy: Policy | None = None, budget: BudgetSource | None = None,
-                 max_new_tokens: int = 256, attention_mask: torch.Tensor | None = None) -> None:
-        from .policies.snapkv import SnapKV
-
-        cfg = text_config(config)
-        self.num_layers = int(cfg.num_hidden_layers)
-        self.num_kv_heads = int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
-        types = getattr(cfg, "layer_types", None) or ["full_attention"] * self.num_layers
-        self.layer_types = list(types)
-        self.policy = policy if policy is not None else SnapKV()
-        self.budget = budget if budget is not None else UniformBudget(128)
-        self.max_new_tokens = int(max_new_tokens)
-        self.stores: list[LayerStore | None] = [None] * self.num_layers
-        self.pad: torch.Tensor | None = None
-        self.budgets: torch.Tensor | None = None  # [batch, layers, kv_heads]
-        self.prompt_lengths: torch.Tensor | None = None
-        self.layer_state: dict[int, dict[str, Any]] = {}  # policy scratch per layer
-        if attention_mask is not None:
-            self.set_padding(attention_mask)
-        slots = [LayerSlot(self, i, t == "sliding_attention") for i, t in enumerate(self.layer_types)]
-        super().__init__(layers=slots)
-        from .policies.sliding import SlidingWindow
-        self._sliding_policy = SlidingWindow()
-
-    # ---- setup -----------------------------------------------------------------------------------
-
-    def set_padding(self, attention_mask: torch.Tensor) -> None:
-        """Record left padding from a ``[batch, prompt_len]`` 0/1 mask."""
-        mask = attention_mask.bool()
-        if mask.shape[1] and bool((mask[:, 1:].long() - mask[:, :-1].long() < 0).any()):
-            raise HeadprobeError("CompressedCache needs left padding (tokenizer.padding_side = 'left')")
-        self.pad = (~mask).long().sum(1)
+    def __init__(self, config: Any, policy: Policy, budget: BudgetSource, max_new_tokens: int = 256,
+                 attention_mask: torch.Tensor | None = None, sliding_policy: Policy | None = None) -> None:
+        shape = config if isinstance(config, CacheShape) else CacheShape.from_config(config)
+        if sliding_policy is None and SLIDING in shape.layer_types:
+            layer = shape.layer_types.index(SLIDING)
+            raise HeadprobeError(f"layer {layer} is a sliding-window layer: CompressedCache needs sliding_policy "
+                                 "(SlidingWindow() keeps the window; generate_compressed passes it)")
+        self.policy = policy
+        self.sliding_policy = sliding_policy
+        self.budget = budget
+        self.max_new_tokens = max_new_tokens
+        self.budgets: torch.Tensor | None = None          # [batch, layers, kv_heads], at the first prefill
+        self.prompt_lengths: torch.Tensor | None = None   # [batch]
+        self._policy_shared = _new(policy.cache_state)
+        self._sliding_shared = _new(sliding_policy.cache_state) if sliding_policy is not None else None
+        super().__init__(shape, attention_mask)
 
     # ---- reports ---------------------------------------------------------------------------------
+
+    @property
+    def stores(self) -> list[LayerStore | None]:
+        """Every layer's store, in order (``None`` before its prefill)."""
+        return [slot.memory.store for slot in self.layers]
 
     def memory_bytes(self) -> int:
         """Bytes allocated by every layer's store (buffers, metadata, policy state)."""
@@ -152,11 +317,10 @@ class CompressedCache(Cache):
     def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
                softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
         """Run the policy for one layer; returns ``[batch, q_heads, n, head_dim]``."""
-        keys, values = slot.pending
-        slot.pending = None
-        prefill = self.stores[slot.layer_idx] is None
-        ctx, policy = self._layer_context(slot, query, keys, values, scaling, sliding_window, softcap,
-                                          position_ids, prefill)
+        keys, values, positions, valid = self.take_call(slot, query, sliding_window, position_ids)
+        prefill = slot.memory.store is None
+        policy, ctx = self._layer_context(slot, query, keys, values, positions, valid, scaling, sliding_window,
+                                          softcap)
         return policy.prefill(ctx) if prefill else policy.decode(ctx)
 
     def compress_prompt(self, layers: list[Any]) -> None:
@@ -181,34 +345,30 @@ class CompressedCache(Cache):
                                  "prefill cannot be replayed; run generate_compressed instead")
         for rec in layers:
             slot = self.layers[rec.layer_idx]
-            slot.seen = rec.keys.shape[2]
-            slot.is_initialized = True
-            ctx, policy = self._layer_context(slot, rec.query, rec.keys, rec.values, rec.scaling,
-                                              rec.sliding_window, rec.softcap, rec.position_ids, True)
+            slot.update(rec.keys, rec.values)
+            keys, values, positions, valid = self.take_call(slot, rec.query, rec.sliding_window, rec.position_ids)
+            policy, ctx = self._layer_context(slot, rec.query, keys, values, positions, valid, rec.scaling,
+                                              rec.sliding_window, rec.softcap)
             policy.compress(ctx)
 
     def _layer_context(self, slot: LayerSlot, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                       scaling: float, sliding_window: int | None, softcap: float | None,
-                       position_ids: torch.Tensor | None, prefill: bool) -> tuple[LayerContext, Policy]:
-        """The policy context of one attention call of ``slot`` (budgets resolved at the first prefill)."""
-        b, n = keys.shape[0], keys.shape[2]
-        start = slot.seen - n
-        if prefill and self.pad is None:
-            self.pad = _infer_padding(position_ids, b, n, keys.device)
-        pad = self.pad.to(keys.device) if self.pad is not None else torch.zeros(b, dtype=torch.long,
-                                                                                  device=keys.device)
-        positions = start + torch.arange(n, device=keys.device)[None, :] - pad[:, None]
-        valid = positions >= 0
-        policy = self._sliding_policy if sliding_window else self.policy
-        budgets = None
-        if prefill:
-            if self.budgets is None:
-                self.prompt_lengths = valid.long().sum(1)
-                self.budgets = self.budget.resolve(self, self.prompt_lengths, self.policy).to(keys.device)
-            budgets = self.budgets[:, slot.layer_idx]
-        ctx = LayerContext(self, slot.layer_idx, query, keys, values, positions, valid, budgets, scaling,
-                           sliding_window, softcap)
-        return ctx, policy
+                       positions: torch.Tensor, valid: torch.Tensor, scaling: float, sliding_window: int | None,
+                       softcap: float | None) -> tuple[Policy, LayerContext]:
+        """The policy of ``slot`` and its context for this call (budgets resolved at the first prefill)."""
+        if self.budgets is None:
+            self.prompt_lengths = valid.long().sum(1)
+            self.budgets = self.budget.resolve(self.shape, self.prompt_lengths, self.policy).to(keys.device)
+        policy, shared = ((self.sliding_policy, self._sliding_shared) if slot.is_sliding
+                          else (self.policy, self._policy_shared))
+        if slot.memory.state is None:
+            slot.memory.state = _new(policy.layer_state)
+        return policy, LayerContext(slot.memory, self.shape, self.max_new_tokens, query, keys, values, positions,
+                                    valid, self.budgets[:, slot.layer_idx], scaling, sliding_window, softcap,
+                                    shared=shared)
+
+
+def _new(kind: type | None) -> Any:
+    return kind() if kind is not None else None
 
 
 def _infer_padding(position_ids: torch.Tensor | None, batch: int, n: int, device: torch.device) -> torch.Tensor:

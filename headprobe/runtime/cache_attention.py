@@ -1,8 +1,9 @@
 """The ``headprobe`` attention implementation and the switch that installs it on a model.
 
 transformers passes whatever ``Cache.update`` returned as ``key``/``value``; with a
-:class:`~headprobe.runtime.cache.CompressedCache` that is the layer slot, and this function runs the
-cache's policy for the layer. No mask function is registered: the cache knows the positions and padding.
+:class:`~headprobe.runtime.cache.CompressedCache` that is the layer slot's
+:class:`~headprobe.runtime.cache.PendingKV` handle, and this function runs the cache's policy for the
+layer. No mask function is registered: the cache knows the positions and padding.
 """
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from typing import Any
 
 import torch
 
+from ..attention.registry import attention_switched, register_attention
 from ..errors import HeadprobeError
-from ..models.identity import text_config
+from .cache import PendingKV
+from .shape import CacheShape
 
 ATTENTION_NAME = "headprobe"
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -31,47 +34,58 @@ def headprobe_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
     query
         ``[batch, q_heads, n, head_dim]`` post-RoPE.
     key, value
-        The :class:`~headprobe.runtime.cache.LayerSlot` returned by ``CompressedCache.update``.
+        The :class:`~headprobe.runtime.cache.PendingKV` returned by ``CompressedCache.update`` (both).
 
     Returns
     -------
     tuple
         ``([batch, n, q_heads, head_dim], None)`` like transformers' attention functions.
     """
-    from .cache import LayerSlot
-
-    if not isinstance(key, LayerSlot):
-        raise HeadprobeError("the headprobe attention needs past_key_values=CompressedCache(...) "
-                             "(use headprobe.generate_compressed)")
+    if not isinstance(key, PendingKV) or value is not key:
+        raise HeadprobeError("the headprobe attention needs past_key_values=CompressedCache(...) and the keys "
+                             "and values its update returned (use headprobe.generate_compressed)")
+    slot = key.slot
+    layer = getattr(module, "layer_idx", slot.layer_idx)
+    if layer != slot.layer_idx:
+        raise HeadprobeError(f"the attention of layer {layer} received the keys of layer {slot.layer_idx}; the "
+                             "compressed cache needs each layer to update and attend its own cache layer")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    out = key.cache.attend(key, query, float(scaling), sliding_window, softcap, kwargs.get("position_ids"))
+    out = key.cache.attend(slot, query, float(scaling), sliding_window, softcap, kwargs.get("position_ids"))
     return out.transpose(1, 2).contiguous(), None
 
 
 def register() -> None:
     """Register the attention implementation with transformers (idempotent); no mask builder: the
     ragged cache applies causality and windows itself."""
-    from ..attention.registry import register_attention
-
     register_attention(ATTENTION_NAME, headprobe_attention_forward, sdpa_masks=False)
 
 
-def check_layer_types(config: Any) -> None:
-    """Refuse models with attention types the runtime does not handle, naming the layer."""
-    cfg = text_config(config)
-    for i, kind in enumerate(getattr(cfg, "layer_types", None) or []):
+def check_supported(model: Any) -> CacheShape:
+    """Refuse, in one line, a model the compressed cache cannot run; returns its cache shape.
+
+    Supported: decoder-only models whose attention goes through transformers' ``AttentionInterface``
+    (``_supports_attention_backend``) with full-attention and sliding-window layers only.
+    """
+    config = model.config
+    shape = CacheShape.from_config(config)
+    for i, kind in enumerate(shape.layer_types):
         if kind not in SUPPORTED_LAYER_TYPES:
             raise HeadprobeError(f"layer {i} has attention type {kind!r}; the compressed cache supports "
                                  f"{', '.join(SUPPORTED_LAYER_TYPES)}")
+    name = type(model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise HeadprobeError(f"{name} is an encoder-decoder model; the compressed cache serves decoder-only models")
+    if not getattr(model, "_supports_attention_backend", False):
+        raise HeadprobeError(f"{name} does not route its attention through transformers' AttentionInterface; the "
+                             "compressed cache cannot run it")
+    return shape
 
 
 @contextlib.contextmanager
 def headprobe_attention(model: Any) -> Iterator[Any]:
     """Switch ``model`` to the headprobe attention for the duration of the block, then restore it."""
-    from ..attention.registry import attention_switched
-
     register()
-    check_layer_types(model.config)
+    check_supported(model)
     with attention_switched(model, ATTENTION_NAME):
         yield model

@@ -8,13 +8,19 @@ from typing import Any
 import torch
 
 from ..budget_map import BudgetMap
-from ..errors import HeadprobeError
-from ..models.identity import text_config
+from ..errors import HeadprobeError, param
 from ..models.loading import transformers_model
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
-from .cache_attention import headprobe_attention
-from .policies import POLICIES, Policy
+from .cache_attention import check_supported, headprobe_attention
+from .policies import POLICIES, Policy, SlidingWindow
+
+#: The policy when none is named.
+DEFAULT_POLICY = "snapkv"
+#: Tokens per head when no budget, capacity or ratio is given.
+DEFAULT_CAPACITY = 128
+#: The policy of sliding-window layers (Gemma 3's local layers), whatever the policy of the others.
+SLIDING_POLICY: type[Policy] = SlidingWindow
 
 
 @dataclass
@@ -58,13 +64,17 @@ def make_policy(policy: str | Policy, **options: Any) -> Policy:
     return POLICIES[policy].from_options(options)
 
 
-def parse_policy_options(items: list[str], what: str = "--option") -> dict[str, Any]:
+def parse_policy_options(items: list[str], what: str | None = None) -> dict[str, Any]:
     """``["block_size=128", "anchor=raw"]`` → ``{"block_size": 128, "anchor": "raw"}`` (ints, floats,
-    true/false, else strings); the policy itself checks names and values (:func:`make_policy`)."""
+    true/false, else strings); the policy itself checks names and values (:func:`make_policy`).
+
+    ``what`` names the items in error messages (default: the ``option`` parameter).
+    """
     out: dict[str, Any] = {}
     for item in items:
         if "=" not in item:
-            raise HeadprobeError(f"{what} {item}: expected KEY=VALUE")
+            where = f"{what} {item}" if what is not None else param("option", item)
+            raise HeadprobeError(f"{where}: expected KEY=VALUE")
         key, value = item.split("=", 1)
         for cast in (int, float):
             try:
@@ -82,7 +92,7 @@ def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio:
     """Normalise the budget arguments of :func:`generate_compressed`."""
     if ratio is not None:
         if budget is not None:
-            raise HeadprobeError("give a budget or a ratio, not both")
+            raise HeadprobeError(f"give {param('budget')} or {param('ratio')}, not both")
         return RatioBudget(ratio)
     if isinstance(budget, BudgetSource):
         return budget
@@ -93,14 +103,14 @@ def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio:
     if isinstance(budget, int):
         return UniformBudget(budget)
     if budget is None:
-        return UniformBudget(capacity or 128)
-    raise HeadprobeError(f"budget {budget!r}: expected a budget file, a BudgetMap, a capacity or a ratio")
+        return UniformBudget(capacity or DEFAULT_CAPACITY)
+    raise HeadprobeError(f"{param('budget')} {budget!r}: expected a budget file, a BudgetMap, a capacity or a ratio")
 
 
 @torch.no_grad()
 def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, tokenizer: Any = None,
                         input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
-                        policy: str | Policy = "snapkv", budget: BudgetSource | BudgetMap | str | int | None = None,
+                        policy: str | Policy = DEFAULT_POLICY, budget: BudgetSource | BudgetMap | str | int | None = None,
                         ratio: float | None = None, capacity: int | None = None, max_new_tokens: int = 64,
                         policy_options: dict[str, Any] | None = None, chat: bool = False,
                         **generate_kwargs: Any) -> GenerationResult:
@@ -136,6 +146,7 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     with headprobe_attention(hf_model):
         out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
                                 **kwargs)
+    cache.check_attended()
     return finish(tokenizer, out, input_ids.shape[1], cache)
 
 
@@ -167,18 +178,23 @@ def prepare_inputs(model: Any, prompts: str | list[str] | None, tokenizer: Any, 
 def new_cache(model: Any, policy: str | Policy, budget: BudgetSource | BudgetMap | str | int | None,
               ratio: float | None, capacity: int | None, policy_options: dict[str, Any] | None,
               max_new_tokens: int, attention_mask: torch.Tensor) -> CompressedCache:
-    """An empty :class:`CompressedCache` for ``model`` from the budget arguments of :func:`generate_compressed`."""
+    """An empty :class:`CompressedCache` for ``model`` from the budget arguments of :func:`generate_compressed`.
+
+    The defaults are decided here: :data:`DEFAULT_POLICY`, :data:`DEFAULT_CAPACITY` tokens per head, and
+    :data:`SLIDING_POLICY` for sliding-window layers.
+    """
     identity = getattr(model, "identity", None)
     hf_model = transformers_model(model)
+    shape = check_supported(hf_model)
     pol = make_policy(policy, **(policy_options or {}))
     if budget is None and capacity is not None and ratio is None:
         budget = capacity
         capacity = None
     source = as_budget_source(budget, ratio, identity, capacity)
     if isinstance(source, MapBudget):
-        source.check(*_shape(hf_model.config))
-    return CompressedCache(hf_model.config, pol, source, max_new_tokens=max_new_tokens,
-                           attention_mask=attention_mask)
+        source.check(shape)
+    return CompressedCache(shape, pol, source, max_new_tokens=max_new_tokens, attention_mask=attention_mask,
+                           sliding_policy=SLIDING_POLICY())
 
 
 def finish(tokenizer: Any, sequences: torch.Tensor, prompt_len: int, cache: CompressedCache) -> GenerationResult:
@@ -187,7 +203,3 @@ def finish(tokenizer: Any, sequences: torch.Tensor, prompt_len: int, cache: Comp
     texts = tokenizer.batch_decode(new, skip_special_tokens=True) if tokenizer is not None else [""] * len(new)
     return GenerationResult(sequences=sequences, new_tokens=new, texts=texts, cache=cache)
 
-
-def _shape(config: Any) -> tuple[int, int]:
-    cfg = text_config(config)
-    return int(cfg.num_hidden_layers), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)

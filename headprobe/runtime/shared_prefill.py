@@ -20,12 +20,14 @@ from typing import Any
 
 import torch
 
-from ..errors import HeadprobeError
+from ..errors import HeadprobeError, param
 from ..models.loading import generation_eos_ids, transformers_model
-from .cache import CompressedCache, LayerSlot
-from .cache_attention import headprobe_attention
-from .generate import GenerationResult, finish, new_cache, prepare_inputs
-from .policies.base import LayerContext, prefill_attention
+from .cache import LayerSlot, SlotCache
+from .cache_attention import check_supported, headprobe_attention
+from .generate import DEFAULT_POLICY, GenerationResult, finish, new_cache, prepare_inputs
+from .policies.base import Policy
+from .prefill_attention import prefill_attention
+from .shape import CacheShape
 
 #: generation_config fields that would make the first token something other than the argmax.
 _FIRST_TOKEN_CHANGERS = {"do_sample": False, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
@@ -89,25 +91,19 @@ class RecordedPrefill:
         return sum(t.numel() * t.element_size() for r in self.layers for t in (r.query, r.keys, r.values))
 
 
-class _Recorder(CompressedCache):
-    """A cache that runs plain prefill attention and records each layer's tensors instead of storing."""
+class PrefillRecorder(SlotCache):
+    """A cache that runs plain prefill attention and records each layer's tensors instead of storing them."""
 
-    def __init__(self, config: Any, attention_mask: torch.Tensor) -> None:
-        super().__init__(config, max_new_tokens=0, attention_mask=attention_mask)
+    def __init__(self, shape: CacheShape, attention_mask: torch.Tensor) -> None:
+        super().__init__(shape, attention_mask)
         self.records: list[RecordedLayer] = []
 
     def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
                softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
-        keys, values = slot.pending
-        slot.pending = None
-        b, n = keys.shape[0], keys.shape[2]
-        pad = self.pad.to(keys.device)
-        positions = slot.seen - n + torch.arange(n, device=keys.device)[None, :] - pad[:, None]
-        ctx = LayerContext(self, slot.layer_idx, query, keys, values, positions, positions >= 0, None, scaling,
-                           sliding_window, softcap)
+        keys, values, positions, valid = self.take_call(slot, query, sliding_window, position_ids)
         self.records.append(RecordedLayer(slot.layer_idx, query, keys, values, scaling, sliding_window, softcap,
                                           position_ids))
-        return prefill_attention(ctx)
+        return prefill_attention(query, keys, values, positions, valid, scaling, sliding_window, softcap)
 
 
 def check_greedy(hf_model: Any, generate_kwargs: dict[str, Any]) -> None:
@@ -142,7 +138,7 @@ def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokeni
     """
     hf_model, _, input_ids, attention_mask = prepare_inputs(model, prompts, tokenizer, input_ids,
                                                             attention_mask, chat)
-    recorder = _Recorder(hf_model.config, attention_mask)
+    recorder = PrefillRecorder(check_supported(hf_model), attention_mask)
     position_ids = attention_mask.long().cumsum(-1) - 1      # as generate computes them
     position_ids = position_ids.masked_fill(attention_mask == 0, 1)
     start = time.perf_counter()
@@ -150,13 +146,14 @@ def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokeni
         out = hf_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        past_key_values=recorder, use_cache=True, logits_to_keep=1)
     seconds = time.perf_counter() - start
+    recorder.check_attended()
     return RecordedPrefill(input_ids=input_ids, attention_mask=attention_mask, layers=recorder.records,
                            next_logits=out.logits[:, -1].float(), seconds=seconds)
 
 
 @torch.no_grad()
 def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: Any = None,
-                          policy: str = "snapkv", budget: Any = None, ratio: float | None = None,
+                          policy: str | Policy = DEFAULT_POLICY, budget: Any = None, ratio: float | None = None,
                           capacity: int | None = None, max_new_tokens: int = 64,
                           policy_options: dict[str, Any] | None = None, **generate_kwargs: Any) -> GenerationResult:
     """Generate from a recorded prefill with a fresh compressed cache (greedy).
@@ -184,7 +181,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     check_greedy(hf_model, generate_kwargs)
     if max_new_tokens < 1:
-        raise HeadprobeError("generate_from_prefill: max_new_tokens must be at least 1")
+        raise HeadprobeError(f"generate_from_prefill: {param('max_new_tokens', max_new_tokens)}: expected at least 1")
     ids, mask = prefill.input_ids, prefill.attention_mask
     cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
     cache.compress_prompt(prefill.layers)
@@ -202,5 +199,6 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
             pad = tokenizer.pad_token_id if tokenizer is not None else None
             if bool(done.any()) and pad is not None:    # rows that ended at the first token, as generate pads them
                 sequences[done, ids.shape[1] + 1:] = pad
+        cache.check_attended()
     return finish(tokenizer, sequences, ids.shape[1], cache)
 

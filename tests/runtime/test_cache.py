@@ -6,12 +6,12 @@ import pytest
 import torch
 
 from headprobe import HeadprobeError
+from headprobe.allocation.clamp import split_with_caps
 from headprobe.budget_map import BudgetMap
 from headprobe.runtime import (
     POLICIES,
     CompressedCache,
     UniformBudget,
-    distribute,
     generate_compressed,
     headprobe_attention,
     make_policy,
@@ -34,7 +34,7 @@ def _reference(lm, prompts, new):
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))
 def test_budget_covering_prompt_equals_full_cache_llama(tiny_llama, policy):
-    enc, ref = _reference(tiny_llama, PROMPTS, 24)
+    _, ref = _reference(tiny_llama, PROMPTS, 24)
     res = generate_compressed(tiny_llama, PROMPTS, policy=policy, capacity=1000, max_new_tokens=24)
     assert torch.equal(res.sequences, ref)
     assert tiny_llama.model.config._attn_implementation == "sdpa"  # restored
@@ -133,9 +133,9 @@ def test_budget_map_on_sliding_layers_goes_to_the_cached_layers(tiny_gemma3):
 
 
 def test_distribute_sums_exactly_and_clamps():
-    out = distribute(100, [1, 1, 1, 5], [10, 50, 50, 30])
+    out = split_with_caps(100, [1, 1, 1, 5], [10, 50, 50, 30])
     assert out.sum() == 100 and out[3] == 30 and out.max() <= 50
-    assert distribute(7, [1, 1, 1], [1, 1, 1]).sum() == 3
+    assert split_with_caps(7, [1, 1, 1], [1, 1, 1]).sum() == 3
 
 
 def test_errors_are_one_line(tiny_llama, tiny_gemma3):

@@ -73,12 +73,11 @@ def test_needle_at_4k_survives_capacity_128_with_snapkv_and_headkv_budget(smollm
 
 
 def MapBudgetRows(bm, lm, n):
-    from headprobe.runtime import MapBudget
-    from headprobe.runtime.cache import CompressedCache
+    from headprobe.runtime import CacheShape, MapBudget
     from headprobe.runtime.policies import SnapKV
 
-    cache = CompressedCache(lm.model.config, SnapKV(), None)
-    return MapBudget(bm, identity=lm.identity).resolve(cache, torch.tensor([n]), SnapKV())[0].tolist()
+    shape = CacheShape.from_config(lm.model.config)
+    return MapBudget(bm, identity=lm.identity).resolve(shape, torch.tensor([n]), SnapKV())[0].tolist()
 
 
 @pytest.mark.parametrize("policy", sorted(POLICIES))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from ...attention.rows import masked_attention
+
 
 def compact_torch(keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor, index: torch.Tensor,
                   count: torch.Tensor, offsets: torch.Tensor, out_keys: torch.Tensor, out_values: torch.Tensor,
@@ -46,6 +48,10 @@ def ragged_attention_torch(query: torch.Tensor, keys: torch.Tensor, values: torc
                            log_bias: torch.Tensor | None = None, return_probs: bool = False):
     """Attention of new queries over per-segment padded keys (GQA: one segment serves ``group`` heads).
 
+    The segments are viewed as ``[batch, kv_heads, max_len, head_dim]`` and handed to
+    :func:`~headprobe.attention.rows.masked_attention` with the causal (and sliding-window) mask of the
+    stored positions.
+
     Parameters
     ----------
     query
@@ -65,21 +71,15 @@ def ragged_attention_torch(query: torch.Tensor, keys: torch.Tensor, values: torc
         ``[batch, query_heads, n, head_dim]`` in the query dtype (and ``[segments, group*n, max_len]``
         probabilities when ``return_probs``).
     """
-    b, hq, n, d = query.shape
-    s = keys.shape[0]
+    b, _, _, d = query.shape
+    s, width = keys.shape[:2]
     hkv = s // b
-    g = hq // hkv
-    q = query.float().reshape(b, hkv, g, n, d).reshape(s, g * n, d)
-    logits = torch.bmm(q, keys.float().transpose(1, 2)) * scaling  # [s, g*n, L]
-    if softcap:
-        logits = softcap * torch.tanh(logits / softcap)
-    if log_bias is not None:
-        logits = logits + log_bias.float()[:, None, :]
-    qp = query_positions[:, None, None, :].expand(b, hkv, g, n).reshape(s, g * n)
-    visible = valid[:, None, :] & (key_positions[:, None, :] <= qp[:, :, None])
+    kp = key_positions.reshape(b, hkv, 1, width)
+    qp = query_positions[:, None, :, None]                                  # [b, 1, n, 1]
+    visible = valid.reshape(b, hkv, 1, width) & (kp <= qp)                 # [b, kv, n, L]
     if sliding_window:
-        visible = visible & (qp[:, :, None] - key_positions[:, None, :] < sliding_window)
-    logits = logits.masked_fill(~visible, float("-inf"))
-    probs = torch.softmax(logits, dim=-1).nan_to_num(0.0)
-    out = torch.bmm(probs, values.float()).reshape(b, hkv, g, n, d).reshape(b, hq, n, d).to(query.dtype)
-    return (out, probs) if return_probs else out
+        visible = visible & (qp - kp < sliding_window)
+    bias = log_bias.reshape(b, hkv, width) if log_bias is not None else None
+    out, probs = masked_attention(query, keys.reshape(b, hkv, width, d), values.reshape(b, hkv, width, -1),
+                                  visible, scaling, softcap=softcap, log_bias=bias, return_probs=True)
+    return (out, probs.reshape(s, -1, width)) if return_probs else out

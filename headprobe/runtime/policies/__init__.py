@@ -1,26 +1,19 @@
-"""Token selection policies, one module each; :data:`POLICIES` maps the command-line names."""
+"""Token selection policies, one module each; :data:`POLICIES` maps the names ``make_policy`` accepts."""
 
-from .base import LayerContext, Policy
+from .base import LayerContext, LayerMemory, Policy, ScorerPolicy
+from .dynamickv import DynamicKV
 from .full import Full
+from .keepkv import KeepKV
+from .keydiff import KeyDiff
+from .morphkv import MorphKV
+from .sliding import SlidingWindow
 from .snapkv import SnapKV
 from .streaming import Streaming
 
-POLICIES: dict[str, type[Policy]] = {"full": Full, "snapkv": SnapKV, "streaming": Streaming}
+#: Policy name → class, for ``make_policy``, ``headprobe generate --policy`` and eval settings.
+#: :class:`SlidingWindow` is not listed: it serves sliding-window layers whatever the policy.
+POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Full, SnapKV, Streaming, KeyDiff, MorphKV,
+                                                                 KeepKV, DynamicKV)}
 
-__all__ = ["POLICIES", "Full", "LayerContext", "Policy", "SnapKV", "Streaming"]
-
-from .keydiff import KeyDiff
-from .morphkv import MorphKV
-
-POLICIES.update({"keydiff": KeyDiff, "morphkv": MorphKV})
-__all__ += ["KeyDiff", "MorphKV"]
-
-from .keepkv import KeepKV
-
-POLICIES["keepkv"] = KeepKV
-__all__ += ["KeepKV"]
-
-from .dynamickv import DynamicKV
-
-POLICIES["dynamickv"] = DynamicKV
-__all__ += ["DynamicKV"]
+__all__ = ["POLICIES", "DynamicKV", "Full", "KeepKV", "KeyDiff", "LayerContext", "LayerMemory", "MorphKV",
+           "Policy", "ScorerPolicy", "SlidingWindow", "SnapKV", "Streaming"]

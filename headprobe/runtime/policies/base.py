@@ -1,37 +1,62 @@
 """The policy interface: what to keep at prefill, what to evict while decoding.
 
-A policy sees one layer at a time through a context. The default prefill runs full causal attention over
-the prompt, asks :meth:`Policy.select` which tokens each segment keeps and gathers them into the layer's
-store; the default decode appends the new token in place and attends over the ragged store. Policies
-override only the step they change (kvpress style).
+A policy sees one layer at a time through a :class:`LayerContext`: the new tokens' tensors and budgets,
+plus the only parts of the cache it may touch: its own layer's store (read it, replace it), the cache's
+shape (layers, KV heads, layer types), the decode room ``max_new_tokens``, and the state it declares
+(:attr:`Policy.layer_state` per layer, :attr:`Policy.cache_state` shared by the layers of one cache).
+
+The default prefill runs full causal attention over the prompt, asks :meth:`Policy.select` which tokens
+each segment keeps and gathers them into the layer's store; the default decode appends the new token in
+place and attends over the ragged store. Policies override only the step they change (kvpress style).
+Most policies only score the prompt tokens: they derive from :class:`ScorerPolicy` and write
+:meth:`ScorerPolicy.score`; the base keeps the window plus the best-scored tokens up to the budget.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields, replace
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar
 
 import torch
-import torch.nn.functional as F
 
 from ...errors import HeadprobeError
 from ..kernels.dispatch import ragged_attention
+from ..prefill_attention import prefill_attention
+from ..shape import CacheShape
 from ..store import LayerStore, Selection
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..cache import CompressedCache
+
+@dataclass
+class LayerMemory:
+    """What a cache keeps for one layer between attention calls.
+
+    Attributes
+    ----------
+    layer_idx
+        Layer index.
+    store
+        The layer's :class:`~headprobe.runtime.store.LayerStore`, ``None`` until its prefill.
+    state
+        The policy's per-layer state (an instance of :attr:`Policy.layer_state`), ``None`` without one.
+    """
+
+    layer_idx: int
+    store: LayerStore | None = None
+    state: Any = None
 
 
 @dataclass
 class LayerContext:
-    """One attention call of one layer.
+    """One attention call of one layer: what a policy reads and the parts of the cache it may change.
 
     Attributes
     ----------
-    cache
-        The :class:`~headprobe.runtime.cache.CompressedCache`.
-    layer_idx
-        Layer index.
+    memory
+        The layer's store and policy state (read through :attr:`store` and :attr:`state`).
+    shape
+        Layers, KV heads and layer types of the cache.
+    max_new_tokens
+        Decode room the cache was made for.
     query
         ``[batch, q_heads, n, head_dim]`` post-RoPE queries of the new tokens.
     keys, values
@@ -41,26 +66,45 @@ class LayerContext:
     valid
         ``[batch, n]`` bool, False for padding.
     budgets
-        ``[batch, kv_heads]`` int64 tokens each segment may keep (window included); prefill only.
+        ``[batch, kv_heads]`` int64 tokens each segment may keep (window included), as resolved for the
+        prompt; the same at every call of the layer.
     scaling, sliding_window, softcap
         As the model's attention passes them.
+    shared
+        The policy's cache-wide state (an instance of :attr:`Policy.cache_state`), ``None`` without one.
     """
 
-    cache: CompressedCache
-    layer_idx: int
+    memory: LayerMemory
+    shape: CacheShape
+    max_new_tokens: int
     query: torch.Tensor
     keys: torch.Tensor
     values: torch.Tensor
     positions: torch.Tensor
     valid: torch.Tensor
-    budgets: torch.Tensor | None
+    budgets: torch.Tensor
     scaling: float
     sliding_window: int | None = None
     softcap: float | None = None
+    shared: Any = None
+
+    @property
+    def layer_idx(self) -> int:
+        return self.memory.layer_idx
 
     @property
     def store(self) -> LayerStore | None:
-        return self.cache.stores[self.layer_idx]
+        """The layer's store (``None`` during its prefill, until the policy sets it)."""
+        return self.memory.store
+
+    @store.setter
+    def store(self, store: LayerStore) -> None:
+        self.memory.store = store
+
+    @property
+    def state(self) -> Any:
+        """The policy's state for this layer (:attr:`Policy.layer_state`)."""
+        return self.memory.state
 
     @property
     def batch(self) -> int:
@@ -71,47 +115,53 @@ class LayerContext:
         return self.keys.shape[1]
 
     @property
+    def tokens(self) -> int:
+        """``n``: tokens in this call (padding included)."""
+        return self.keys.shape[2]
+
+    @property
     def prompt_lengths(self) -> torch.Tensor:
         """``[batch]`` real (unpadded) tokens in this call."""
         return self.valid.long().sum(1)
 
 
-def prefill_attention(ctx: LayerContext) -> torch.Tensor:
-    """Full causal attention over the prompt (padding and sliding window respected).
+# ---- selection helpers ---------------------------------------------------------------------------------
 
-    Returns ``[batch, q_heads, n, head_dim]``.
+def prompt_prefix(lengths: torch.Tensor, n: int, window: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The window of each left-padded row and the tokens before it.
+
+    Parameters
+    ----------
+    lengths
+        ``[batch]`` real tokens per row (the row's last ``lengths`` of ``n`` columns).
+    n
+        Columns (padding included).
+    window
+        Recent tokens every head keeps.
+
+    Returns
+    -------
+    window_tokens, prefix
+        ``[batch]`` window tokens per row (``min(length, window)``) and ``[batch, n]`` bool, True for the
+        real tokens before the window (the ones a policy chooses among).
     """
-    q, k, v = ctx.query, ctx.keys, ctx.values
-    n = q.shape[2]
-    padded = not bool(ctx.valid.all())
-    if not padded and not ctx.sliding_window and not ctx.softcap:
-        return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), is_causal=n > 1,
-                                              scale=ctx.scaling, enable_gqa=True)
-    qp, kp = ctx.positions[:, :, None], ctx.positions[:, None, :]
-    allowed = (kp <= qp) & ctx.valid[:, None, :]
-    if ctx.sliding_window:
-        allowed &= qp - kp < ctx.sliding_window
-    allowed |= torch.eye(n, dtype=torch.bool, device=q.device)[None]  # padding rows see themselves
-    if ctx.softcap:
-        g = q.shape[1] // k.shape[1]
-        kr, vr = k.repeat_interleave(g, 1).float(), v.repeat_interleave(g, 1).float()
-        logits = torch.matmul(q.float(), kr.transpose(-1, -2)) * ctx.scaling
-        logits = ctx.softcap * torch.tanh(logits / ctx.softcap)
-        logits = logits.masked_fill(~allowed[:, None], float("-inf"))
-        return torch.matmul(torch.softmax(logits, -1), vr).to(q.dtype)
-    return F.scaled_dot_product_attention(q, k.to(q.dtype), v.to(q.dtype), attn_mask=allowed[:, None],
-                                          scale=ctx.scaling, enable_gqa=True)
+    w = torch.minimum(lengths, torch.full_like(lengths, window))
+    idx = torch.arange(n, device=lengths.device)
+    prefix = (idx[None, :] >= (n - lengths)[:, None]) & (idx[None, :] < (n - w)[:, None])
+    return w, prefix
 
 
-def window_and_topk(scores: torch.Tensor, ctx: LayerContext, window: int) -> Selection:
+def window_and_topk(scores: torch.Tensor, budgets: torch.Tensor, lengths: torch.Tensor, window: int) -> Selection:
     """Keep the last ``window`` real tokens plus the top ``budget - window`` scored tokens before them.
 
     Parameters
     ----------
     scores
         ``[batch, kv_heads, n]`` token scores (higher is kept); padding and window entries are ignored.
-    ctx
-        The prefill context (``budgets``, ``valid``).
+    budgets
+        ``[batch, kv_heads]`` tokens each head keeps, window included (capped at the row's length).
+    lengths
+        ``[batch]`` real tokens per row (left padding).
     window
         Recent tokens always kept.
 
@@ -121,24 +171,19 @@ def window_and_topk(scores: torch.Tensor, ctx: LayerContext, window: int) -> Sel
         Per segment ``b * kv_heads + h``: indices sorted by position.
     """
     b, h, n = scores.shape
-    real = ctx.prompt_lengths                                 # [b]
-    pad = n - real
-    w = torch.minimum(real, torch.full_like(real, window))    # window tokens per row
-    budget = torch.minimum(ctx.budgets.to(scores.device), real[:, None])  # [b, h]
-    budget = torch.maximum(budget, w[:, None])
+    dev = scores.device
+    real = lengths.to(dev)
+    w, prefix = prompt_prefix(real, n, window)
+    budget = torch.maximum(torch.minimum(budgets.to(dev), real[:, None]), w[:, None])
     n_top = (budget - w[:, None]).clamp(min=0)                # [b, h]
-    idx = torch.arange(n, device=scores.device)
-    prefix = (idx[None, :] >= pad[:, None]) & (idx[None, :] < (n - w)[:, None])   # [b, n]
     masked = scores.float().masked_fill(~prefix[:, None, :], float("-inf"))
     k_max = int(n_top.max()) if n_top.numel() else 0
-    top = masked.topk(k_max, dim=-1).indices if k_max else torch.zeros(b, h, 0, dtype=torch.long,
-                                                                         device=scores.device)
+    top = masked.topk(k_max, dim=-1).indices if k_max else torch.zeros(b, h, 0, dtype=torch.long, device=dev)
     w_max = int(w.max())
-    win = (n - w_max + torch.arange(w_max, device=scores.device))[None, None, :].expand(b, h, w_max)
+    win = (n - w_max + torch.arange(w_max, device=dev))[None, None, :].expand(b, h, w_max)
     # Rows with a shorter window: shift their window entries to the row's own window.
-    win_ok = torch.arange(w_max, device=scores.device)[None, :] >= (w_max - w)[:, None]   # [b, w_max]
-    ar = torch.arange(k_max, device=scores.device)
-    top_ok = ar[None, None, :] < n_top[:, :, None]
+    win_ok = torch.arange(w_max, device=dev)[None, :] >= (w_max - w)[:, None]   # [b, w_max]
+    top_ok = torch.arange(k_max, device=dev)[None, None, :] < n_top[:, :, None]
     cand = torch.cat([top, win], -1)
     ok = torch.cat([top_ok, win_ok[:, None, :].expand(b, h, w_max)], -1)
     key = torch.where(ok, cand, torch.full_like(cand, n + 1))
@@ -146,6 +191,19 @@ def window_and_topk(scores: torch.Tensor, ctx: LayerContext, window: int) -> Sel
     count = ok.sum(-1)
     index = torch.where(key > n, torch.zeros_like(key), key)
     return Selection(index=index.reshape(b * h, -1), count=count.reshape(-1))
+
+
+def evict_oldest(ctx: LayerContext, protect_first: int) -> None:
+    """Drop the oldest pair (after the first ``protect_first`` positions) of every full segment, so that the
+    new token fits; the other segments append. Needs a single new token per step."""
+    store = ctx.store
+    full = store.lengths >= store.capacity
+    if not bool(full.any()):
+        return
+    view = store.padded()
+    pos = view["positions"].masked_fill(~view["valid"], 1 << 60)
+    pos = pos.masked_fill(pos < protect_first, 1 << 60)
+    store.remove(pos.argmin(1), full)
 
 
 def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
@@ -169,11 +227,14 @@ def check_window(policy: Policy, minimum: int = 1) -> None:
         raise HeadprobeError(f"policy {policy.name}: window {policy.window}: expected at least {minimum}")
 
 
+# ---- policies ------------------------------------------------------------------------------------------
+
 @dataclass
 class Policy:
     """Base class: keeps everything (the full-cache baseline behaves exactly like this).
 
-    Subclasses are dataclasses; their fields are the policy options (``headprobe generate --option``).
+    Subclasses are dataclasses; their fields are the policy options (``option=value`` pairs, checked by
+    :meth:`from_options`).
     """
 
     name: ClassVar[str] = "base"
@@ -185,6 +246,10 @@ class Policy:
     #: recorded prefill can serve many settings (:mod:`headprobe.runtime.shared_prefill`). KeyDiff's
     #: block-wise prefill changes the forward itself and sets this to False.
     full_prefill: ClassVar[bool] = True
+    #: State kept per layer between calls (``ctx.state``): a class built with no arguments, or None.
+    layer_state: ClassVar[type | None] = None
+    #: State shared by the layers of one cache (``ctx.shared``): a class built with no arguments, or None.
+    cache_state: ClassVar[type | None] = None
     window: int = 8
 
     # ---- options ---------------------------------------------------------------------------------
@@ -209,17 +274,19 @@ class Policy:
 
     def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
         """Slots preallocated per segment after prefill for decoding; ``kept`` is ``[segments]``."""
-        return torch.full_like(kept, ctx.cache.max_new_tokens)
+        return torch.full_like(kept, ctx.max_new_tokens)
 
     def select(self, ctx: LayerContext) -> Selection:
         """Tokens each segment keeps at the end of prefill (default: all real tokens)."""
-        b, h, n = ctx.batch, ctx.kv_heads, ctx.keys.shape[2]
-        everything = replace(ctx, budgets=torch.full((b, h), n, dtype=torch.long, device=ctx.keys.device))
-        return window_and_topk(torch.zeros(b, h, n, device=ctx.keys.device), everything, self.window)
+        b, h, n = ctx.batch, ctx.kv_heads, ctx.tokens
+        everything = torch.full((b, h), n, dtype=torch.long, device=ctx.keys.device)
+        return window_and_topk(torch.zeros(b, h, n, device=ctx.keys.device), everything, ctx.prompt_lengths,
+                               self.window)
 
     def prefill(self, ctx: LayerContext) -> torch.Tensor:
         """Attention output ``[batch, q_heads, n, head_dim]`` of the prompt; fills the layer's store."""
-        out = prefill_attention(ctx)
+        out = prefill_attention(ctx.query, ctx.keys, ctx.values, ctx.positions, ctx.valid, ctx.scaling,
+                                ctx.sliding_window, ctx.softcap)
         self.compress(ctx)
         return out
 
@@ -233,11 +300,13 @@ class Policy:
 
     def build_store(self, ctx: LayerContext, selection: Selection,
                     log_votes: torch.Tensor | None = None) -> LayerStore:
+        """Gather the selected prompt pairs into a new store for the layer (with the decode room of
+        :meth:`reserve`) and make it the layer's store."""
         capacity = selection.count + self.reserve(ctx, selection.count)
         store = LayerStore(ctx.batch, ctx.kv_heads, ctx.keys.shape[-1], capacity, ctx.keys.dtype,
                            ctx.keys.device, votes=self.uses_votes)
         store.write_selection(ctx.keys, ctx.values, ctx.positions, selection, log_votes)
-        ctx.cache.stores[ctx.layer_idx] = store
+        ctx.store = store
         return store
 
     def decode(self, ctx: LayerContext) -> torch.Tensor:
@@ -253,3 +322,25 @@ class Policy:
 
     def after_attend(self, ctx: LayerContext) -> None:
         """Update per-pair statistics after the new tokens attended."""
+
+
+@dataclass
+class ScorerPolicy(Policy):
+    """Score the prompt tokens; keep the window plus the best-scored ``budget - window`` tokens before it.
+
+    A subclass writes :meth:`score` (and may override :meth:`token_budgets`); selection, storage, decode
+    room and decoding come from the base. See ``docs/runtime.md``, "Adding a policy".
+    """
+
+    def score(self, ctx: LayerContext) -> torch.Tensor:
+        """``[batch, kv_heads, n]`` score of every prompt token; higher is kept. Padding and window tokens
+        are ignored whatever their score."""
+        raise NotImplementedError
+
+    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:
+        """``[batch, kv_heads]`` tokens each head keeps, window included (default: the resolved budgets)."""
+        return ctx.budgets
+
+    def select(self, ctx: LayerContext) -> Selection:
+        scores = self.score(ctx)
+        return window_and_topk(scores, self.token_budgets(ctx, scores), ctx.prompt_lengths, self.window)

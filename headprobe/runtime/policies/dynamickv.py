@@ -14,24 +14,54 @@ prompt (or to everything the prompt holds when it is shorter). With a budget map
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar
 
 import numpy as np
 import torch
 
+from ...allocation.clamp import split_with_caps
 from ...errors import HeadprobeError
-from ..budget_sources import distribute
-from ..store import Selection
-from .base import LayerContext, Policy, check_window
+from ..store import LayerStore, Selection
+from .base import LayerContext, ScorerPolicy, check_window, prompt_prefix
 from .snapkv import window_scores
 
 
 @dataclass
-class DynamicKV(Policy):
+class HeldLayer:
+    """A layer whose heads hold their temporary top tokens until the next rebalance.
+
+    Attributes
+    ----------
+    store
+        The layer's store: per head the window, then the prefix by decreasing score.
+    scores
+        ``[batch, kv_heads, k]`` the held prefix tokens' scores, decreasing.
+    window
+        ``[batch]`` window tokens per row.
+    base
+        ``[batch, kv_heads]`` each head's own budget beyond the window (``B``).
+    """
+
+    store: LayerStore
+    scores: torch.Tensor
+    window: torch.Tensor
+    base: torch.Tensor
+
+
+@dataclass
+class DynamicKVState:
+    """The cached layers seen so far in the current prefill (shared by the layers of one cache)."""
+
+    layers: list[HeldLayer] = field(default_factory=list)
+
+
+@dataclass
+class DynamicKV(ScorerPolicy):
     """DynamicKV with the update interval ``interval`` (m) and ``r_max`` as parameters."""
 
     name: ClassVar[str] = "dynamickv"
+    cache_state: ClassVar[type] = DynamicKVState
     window: int = 8
     kernel_size: int = 7
     r_max: int = 10
@@ -42,18 +72,17 @@ class DynamicKV(Policy):
         if self.interval < 1 or self.r_max < 1:
             raise HeadprobeError("policy dynamickv: interval and r_max must be at least 1")
 
+    def score(self, ctx: LayerContext) -> torch.Tensor:
+        return window_scores(ctx, self.window, self.kernel_size)
+
     def compress(self, ctx: LayerContext) -> None:
-        cache = ctx.cache
-        b, h, n = ctx.batch, ctx.kv_heads, ctx.keys.shape[2]
+        b, h, n = ctx.batch, ctx.kv_heads, ctx.tokens
         dev = ctx.keys.device
-        scores = window_scores(ctx, self.window, self.kernel_size)       # [b, h, n]
+        scores = self.score(ctx)                                          # [b, h, n]
         real = ctx.prompt_lengths
-        pad = n - real
-        w = torch.minimum(real, torch.full_like(real, self.window))
+        w, prefix = prompt_prefix(real, n, self.window)
         base = (ctx.budgets.to(dev) - w[:, None]).clamp(min=0)           # B per head: the capacity, or the budget map's head budget
         hold = torch.minimum(base * self.r_max, (real - w)[:, None])      # [b, h]
-        idx = torch.arange(n, device=dev)
-        prefix = (idx[None, :] >= pad[:, None]) & (idx[None, :] < (n - w)[:, None])
         masked = scores.float().masked_fill(~prefix[:, None, :], float("-inf"))
         k_max = int(hold.max()) if hold.numel() else 0
         top = masked.topk(k_max, dim=-1) if k_max else None
@@ -71,36 +100,30 @@ class DynamicKV(Policy):
         cand = torch.gather(cand, 2, src.expand_as(cand))
         count = w[:, None] + hold
         index = torch.where(cand > n, torch.zeros_like(cand), cand)
-        selection = Selection(index=index.reshape(b * h, -1), count=count.reshape(-1))
-        store = self.build_store(ctx, selection)
-        state = cache.layer_state.setdefault("dynamickv", {"layers": [], "done": 0})
+        store = self.build_store(ctx, Selection(index=index.reshape(b * h, -1), count=count.reshape(-1)))
+        state: DynamicKVState = ctx.shared
         sorted_scores = top.values if top is not None else torch.zeros(b, h, 0, device=dev)
-        state["layers"].append({"layer": ctx.layer_idx, "scores": sorted_scores, "window": w, "base": base})
-        cached = [i for i, t in enumerate(cache.layer_types) if t != "sliding_attention"]
-        t = len(state["layers"])
-        if t % self.interval == 0 or ctx.layer_idx == cached[-1]:
-            self._rebalance(cache, state["layers"], len(cached))
-        if ctx.layer_idx == cached[-1]:
-            for entry in state["layers"]:
-                s = cache.stores[entry["layer"]]
-                s.relayout(torch.full_like(s.lengths, cache.max_new_tokens))
-            cache.layer_state.pop("dynamickv")
-        del store
+        state.layers.append(HeldLayer(store, sorted_scores, w, base))
+        last = ctx.layer_idx == ctx.shape.cached_layers[-1]
+        if len(state.layers) % self.interval == 0 or last:
+            self._rebalance(state.layers)
+        if last:
+            for held in state.layers:
+                held.store.relayout(torch.full_like(held.store.lengths, ctx.max_new_tokens))
+            state.layers.clear()
 
     def reserve(self, ctx, kept):
         return torch.zeros_like(kept)
 
-    def _rebalance(self, cache, layers: list[dict], total_layers: int) -> None:
+    def _rebalance(self, layers: list[HeldLayer]) -> None:
         """Global top-k over the held scores of the layers so far; cut every one of them in place."""
         t = len(layers)
-        h = layers[0]["scores"].shape[1]
-        b = layers[0]["scores"].shape[0]
+        b, h = layers[0].scores.shape[:2]
         for row in range(b):
             held = []
             for entry in layers:
-                store = cache.stores[entry["layer"]]
-                lengths = store.lengths.reshape(b, h)[row] - entry["window"][row]
-                sc = entry["scores"][row].clone()                         # [h, k]
+                lengths = entry.store.lengths.reshape(b, h)[row] - entry.window[row]
+                sc = entry.scores[row].clone()                                # [h, k]
                 ar = torch.arange(sc.shape[1], device=sc.device)
                 sc = sc.masked_fill(ar[None, :] >= lengths[:, None], float("-inf"))
                 held.append((lengths, sc))
@@ -108,7 +131,7 @@ class DynamicKV(Policy):
             finite = int(torch.isfinite(flat).sum())
             # Σ of the layers' own budgets beyond the window: B·H·t for a uniform capacity, the budget
             # file's totals for a map (each layer's heads may differ).
-            total = min(sum(int(entry["base"][row].sum()) for entry in layers), finite)
+            total = min(sum(int(entry.base[row].sum()) for entry in layers), finite)
             owner = torch.cat([torch.full((sc.numel(),), i, dtype=torch.long) for i, (_, sc) in enumerate(held)])
             counts = np.zeros(t)
             if total:
@@ -116,8 +139,7 @@ class DynamicKV(Policy):
                 counts = np.bincount(owner[winners].numpy(), minlength=t).astype(np.float64)
             caps = torch.stack([lengths for lengths, _ in held]).cpu().numpy().astype(np.int64)   # [t, h]
             weights = np.repeat(counts[:, None] / h, h, axis=1)
-            shares = distribute(total, weights.ravel(), caps.ravel()).reshape(t, h)
+            shares = split_with_caps(total, weights, caps)
             for i, entry in enumerate(layers):
-                store = cache.stores[entry["layer"]]
                 seg = slice(row * h, (row + 1) * h)
-                store.lengths[seg] = entry["window"][row] + torch.from_numpy(shares[i]).to(store.lengths.device)
+                entry.store.lengths[seg] = entry.window[row] + torch.from_numpy(shares[i]).to(entry.store.lengths.device)

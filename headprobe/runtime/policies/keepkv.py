@@ -21,17 +21,25 @@ import torch
 
 from ...errors import HeadprobeError
 from ..store import LayerStore
-from .base import LayerContext, Policy, check_window, window_and_topk
+from .base import LayerContext, ScorerPolicy, check_window
 from .merge import KEY_MERGES, merge_groups, most_similar
 from .snapkv import window_scores
 
 
 @dataclass
-class KeepKV(Policy):
+class KeepKVState:
+    """Decoding steps of a layer (the ring slot of the ``window_mean`` score estimator)."""
+
+    step: int = 0
+
+
+@dataclass
+class KeepKV(ScorerPolicy):
     """KeepKV merging on top of SnapKV eviction, with any budget map."""
 
     name: ClassVar[str] = "keepkv"
     uses_votes: ClassVar[bool] = True
+    layer_state: ClassVar[type] = KeepKVState
     window: int = 8
     threshold: float = 0.8
     key_merge: str = "convex"
@@ -55,9 +63,12 @@ class KeepKV(Policy):
 
     # ---- prefill -----------------------------------------------------------------------------------
 
+    def score(self, ctx: LayerContext) -> torch.Tensor:
+        return window_scores(ctx, self.window, self.kernel_size)
+
     def _window_logits(self, ctx: LayerContext) -> torch.Tensor:
         """``[b, kv, n]`` mean logit the last ``window`` queries give each token (GQA group mean)."""
-        n = ctx.keys.shape[2]
+        n = ctx.tokens
         w = min(max(self.window, 1), n)
         q = ctx.query[:, :, n - w:].float()
         b, hq, _, d = q.shape
@@ -66,7 +77,7 @@ class KeepKV(Policy):
         return logits.mean((2, 3)) * ctx.scaling
 
     def compress(self, ctx: LayerContext) -> None:
-        sel = window_and_topk(window_scores(ctx, self.window, self.kernel_size), ctx, self.window)
+        sel = self.select(ctx)
         b, h, n, d = ctx.keys.shape
         s = b * h
         keys = ctx.keys.reshape(s, n, d)
@@ -88,11 +99,10 @@ class KeepKV(Policy):
         lnp_sel = torch.gather(new_lnp, 1, sel.index)
         store = self.build_store(merged_ctx, sel, lnp_sel)
         self._init_scores(store, torch.gather(new_l, 1, sel.index), kept_valid)
-        store.budget = ctx.budgets.reshape(-1).to(keys.device)
 
     def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(kept.device)
-        limit = torch.minimum(budget, kept + ctx.cache.max_new_tokens)
+        limit = torch.minimum(budget, kept + ctx.max_new_tokens)
         return (limit - kept).clamp(min=0) + (limit == kept).long()
 
     def _init_scores(self, store: LayerStore, logits: torch.Tensor, valid: torch.Tensor) -> None:
@@ -114,7 +124,7 @@ class KeepKV(Policy):
 
     def before_append(self, ctx: LayerContext) -> None:
         store = ctx.store
-        full = store.lengths >= store.budget
+        full = store.lengths >= ctx.budgets.reshape(-1).to(store.lengths.device)
         if not bool(full.any()):
             return
         view = store.padded()
@@ -148,7 +158,7 @@ class KeepKV(Policy):
         store = ctx.store
         view = store.padded()
         index, valid = view["index"], view["valid"]
-        b, hq, n, d = ctx.query.shape
+        hq, d = ctx.query.shape[1], ctx.query.shape[3]
         s = store.segments
         g = hq // store.kv_heads
         q = ctx.query[:, :, -1].float().reshape(s, g, d)
@@ -160,9 +170,9 @@ class KeepKV(Policy):
             old = store.aux["logit"][rows]
             store.aux["logit"][rows] = torch.where(fresh, new, self.ema_decay * old + (1 - self.ema_decay) * new)
         else:
-            state = ctx.cache.layer_state.setdefault(ctx.layer_idx, {"step": 0})
-            slot = state["step"] % self.score_window
-            state["step"] += 1
+            state: KeepKVState = ctx.state
+            slot = state.step % self.score_window
+            state.step += 1
             hist = store.aux["logit_hist"]
             count = store.aux["logit_count"]
             drop = torch.where(count[rows] >= self.score_window, hist[rows, slot], torch.zeros_like(new))

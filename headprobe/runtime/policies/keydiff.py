@@ -72,7 +72,7 @@ class KeyDiff(Policy):
 
     def prefill(self, ctx: LayerContext) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(ctx.keys.device)
-        n = ctx.keys.shape[2]
+        n = ctx.tokens
         bs = self.block_size
         store = LayerStore(ctx.batch, ctx.kv_heads, ctx.keys.shape[-1], budget + min(bs, n), ctx.keys.dtype,
                            ctx.keys.device)
@@ -85,20 +85,20 @@ class KeyDiff(Policy):
             if bool((store.lengths > budget).any()):
                 store.keep_in_place(*self._keep(store, budget))
         # Decode room: grow up to the budget, then evict in place.
-        limit = torch.minimum(budget, store.lengths + ctx.cache.max_new_tokens)
+        limit = torch.minimum(budget, store.lengths + ctx.max_new_tokens)
         store.relayout((limit - store.lengths).clamp(min=0) + (limit == store.lengths).long())
-        ctx.cache.stores[ctx.layer_idx] = store
-        store.budget = budget
+        ctx.store = store
         return torch.cat(outs, 2)
 
     def before_append(self, ctx: LayerContext) -> None:
         store = ctx.store
-        full = store.lengths >= store.budget
+        budget = ctx.budgets.reshape(-1).to(store.lengths.device)
+        full = store.lengths >= budget
         if bool(full.any()):
             view = store.padded()
             scores = keydiff_scores(view["keys"], view["valid"], self.anchor)
             if self.recent_share > 0:
-                recent = torch.round(store.budget.float() * self.recent_share).long()
+                recent = torch.round(budget.float() * self.recent_share).long()
                 pos = view["positions"].masked_fill(~view["valid"], -1)
                 rank = pos.argsort(1, descending=True).argsort(1)
                 scores = scores.masked_fill((rank < recent[:, None] - 1) & view["valid"], float("inf"))

@@ -41,7 +41,7 @@ def merge_groups(keys: torch.Tensor, values: torch.Tensor, log_votes: torch.Tens
     keys, values, log_votes, logits
         Updated tensors; only the rows of retained pairs are meaningful.
     """
-    s, length, d = keys.shape
+    s, length = keys.shape[:2]
     ft = torch.float64 if keys.dtype == torch.float64 else torch.float32
     shift = logits.masked_fill(~merged, float("-inf")).amax(1, keepdim=True).clamp(min=-1e30)
     p = torch.exp(log_votes.to(ft)) * merged

@@ -18,8 +18,7 @@ import torch
 from ...attention.rows import attention_rows
 from ...errors import HeadprobeError
 from ..kernels.torch_ref import ragged_attention_torch
-from ..store import Selection
-from .base import LayerContext, Policy, check_window, window_and_topk
+from .base import LayerContext, ScorerPolicy, check_window
 
 
 def _reduce(probs: torch.Tensor, fuse: str, group_reduce: str) -> torch.Tensor:
@@ -29,10 +28,30 @@ def _reduce(probs: torch.Tensor, fuse: str, group_reduce: str) -> torch.Tensor:
 
 
 @dataclass
-class MorphKV(Policy):
+class MorphKVState:
+    """The last R queries of a layer, kept to score its cache while decoding.
+
+    Attributes
+    ----------
+    queries
+        ``[batch, q_heads, R, head_dim]`` post-RoPE queries (a ring of the most recent ones).
+    query_positions
+        ``[batch, R]`` their positions.
+    step
+        Decoding steps so far (eviction every ``evict_every``).
+    """
+
+    queries: torch.Tensor | None = None
+    query_positions: torch.Tensor | None = None
+    step: int = 0
+
+
+@dataclass
+class MorphKV(ScorerPolicy):
     """MorphKV: ``window`` (R) recent tokens + the top ``budget - R`` by fused window attention."""
 
     name: ClassVar[str] = "morphkv"
+    layer_state: ClassVar[type] = MorphKVState
     window: int = 32
     fuse: str = "sum"
     group_reduce: str = "max"
@@ -47,8 +66,8 @@ class MorphKV(Policy):
         if self.evict_every < 1:
             raise HeadprobeError("policy morphkv: evict_every must be at least 1")
 
-    def select(self, ctx: LayerContext) -> Selection:
-        n = ctx.keys.shape[2]
+    def score(self, ctx: LayerContext) -> torch.Tensor:
+        n = ctx.tokens
         r = min(self.window, n)
         older = ctx.valid.clone()
         older[:, n - r:] = False
@@ -56,35 +75,32 @@ class MorphKV(Policy):
                               key_positions=ctx.positions, sliding_window=ctx.sliding_window,
                               softcap=ctx.softcap, key_mask=older)                  # [b, hq, r, n]
         b, hq = rows.shape[:2]
-        scores = _reduce(rows.reshape(b, ctx.kv_heads, hq // ctx.kv_heads, r, n), self.fuse, self.group_reduce)
-        # Remember the window queries (ring buffer) for decoding.
-        state = ctx.cache.layer_state.setdefault(ctx.layer_idx, {})
-        state["queries"] = ctx.query[:, :, n - r:].clone()
-        state["query_positions"] = ctx.positions[:, n - r:].clone()
-        state["step"] = 0
-        return window_and_topk(scores, ctx, self.window)
+        return _reduce(rows.reshape(b, ctx.kv_heads, hq // ctx.kv_heads, r, n), self.fuse, self.group_reduce)
+
+    def compress(self, ctx: LayerContext) -> None:
+        n = ctx.tokens
+        r = min(self.window, n)
+        state: MorphKVState = ctx.state
+        state.queries = ctx.query[:, :, n - r:].clone()          # the window queries, for decoding
+        state.query_positions = ctx.positions[:, n - r:].clone()
+        state.step = 0
+        store = self.build_store(ctx, self.select(ctx))
+        store.extra_bytes = state.queries.numel() * state.queries.element_size()
 
     def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(kept.device)
-        limit = torch.minimum(budget + self.evict_every - 1, kept + ctx.cache.max_new_tokens)
-        ctx.cache.layer_state[ctx.layer_idx]["budget"] = budget
+        limit = torch.minimum(budget + self.evict_every - 1, kept + ctx.max_new_tokens)
         return (limit - kept).clamp(min=0)
 
-    def build_store(self, ctx, selection, log_votes=None):
-        store = super().build_store(ctx, selection, log_votes)
-        q = ctx.cache.layer_state[ctx.layer_idx]["queries"]
-        store.extra_bytes = q.numel() * q.element_size()
-        return store
-
     def before_append(self, ctx: LayerContext) -> None:
-        state = ctx.cache.layer_state[ctx.layer_idx]
+        state: MorphKVState = ctx.state
         r = self.window
-        state["queries"] = torch.cat([state["queries"], ctx.query], 2)[:, :, -r:]
-        state["query_positions"] = torch.cat([state["query_positions"], ctx.positions], 1)[:, -r:]
-        state["step"] += 1
-        store, budget = ctx.store, state["budget"]
-        n_new = ctx.keys.shape[2]
-        if state["step"] % self.evict_every and bool((store.lengths + n_new <= store.capacity).all()):
+        state.queries = torch.cat([state.queries, ctx.query], 2)[:, :, -r:]
+        state.query_positions = torch.cat([state.query_positions, ctx.positions], 1)[:, -r:]
+        state.step += 1
+        store, budget = ctx.store, ctx.budgets.reshape(-1).to(ctx.store.lengths.device)
+        n_new = ctx.tokens
+        if state.step % self.evict_every and bool((store.lengths + n_new <= store.capacity).all()):
             return
         target = (budget - n_new).clamp(min=0)          # after eviction; the new tokens fill up to budget
         if not bool((store.lengths > target).any()):
@@ -94,12 +110,12 @@ class MorphKV(Policy):
         rank = pos.argsort(1, descending=True).argsort(1)
         recent = (rank < max(r - n_new, 0)) & view["valid"]      # the window minus the incoming tokens
         older = view["valid"] & ~recent
-        _, probs = ragged_attention_torch(state["queries"], view["keys"], view["values"], view["positions"],
-                                          older, state["query_positions"], ctx.scaling, ctx.sliding_window,
+        _, probs = ragged_attention_torch(state.queries, view["keys"], view["values"], view["positions"],
+                                          older, state.query_positions, ctx.scaling, ctx.sliding_window,
                                           ctx.softcap, return_probs=True)          # [S, g*r', L]
         s, _, width = probs.shape
-        rows = state["queries"].shape[2]
-        g = state["queries"].shape[1] * ctx.batch // s
+        rows = state.queries.shape[2]
+        g = state.queries.shape[1] * ctx.batch // s
         scores = _reduce(probs.reshape(ctx.batch, s // ctx.batch, g, rows, width), self.fuse, self.group_reduce)
         scores = scores.reshape(s, width).masked_fill(recent, float("inf")).masked_fill(~view["valid"], float("-inf"))
         count = torch.minimum(store.lengths, target)

@@ -7,25 +7,23 @@ from typing import ClassVar
 
 import torch
 
-from ..store import Selection
-from .base import LayerContext, Policy, window_and_topk
-from .streaming import evict_oldest
+from .base import LayerContext, ScorerPolicy, evict_oldest
 
 
 @dataclass
-class SlidingWindow(Policy):
+class SlidingWindow(ScorerPolicy):
     """Keeps the last ``sliding_window - 1`` prompt tokens; decoding replaces the oldest pair."""
 
     name: ClassVar[str] = "sliding"
     uses_budgets: ClassVar[bool] = False
     window: int = 0
 
-    def select(self, ctx: LayerContext) -> Selection:
-        keep = ctx.sliding_window - 1
-        b, h = ctx.batch, ctx.kv_heads
-        sized = LayerContext(**{**ctx.__dict__, "budgets": torch.full((b, h), keep, dtype=torch.long,
-                                                                       device=ctx.keys.device)})
-        return window_and_topk(ctx.positions.float()[:, None, :].expand(b, h, -1), sized, 0)
+    def score(self, ctx: LayerContext) -> torch.Tensor:
+        return ctx.positions.float()[:, None, :].expand(ctx.batch, ctx.kv_heads, -1)     # the newest win
+
+    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:
+        return torch.full((ctx.batch, ctx.kv_heads), ctx.sliding_window - 1, dtype=torch.long,
+                          device=ctx.keys.device)
 
     def reserve(self, ctx, kept):
         return (ctx.sliding_window - kept).clamp(min=1)

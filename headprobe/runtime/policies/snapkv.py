@@ -7,15 +7,14 @@ the window. Decoding appends.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
 from ...attention.rows import attention_rows, pooled_window_scores
 from ...errors import HeadprobeError
-from ..store import Selection
-from .base import LayerContext, Policy, check_window, window_and_topk
+from .base import LayerContext, ScorerPolicy, check_window, prompt_prefix
 
 
 def window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str = "max") -> torch.Tensor:
@@ -23,7 +22,7 @@ def window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str
 
     Window rows are the last ``window`` queries; padding keys get no attention.
     """
-    n = ctx.keys.shape[2]
+    n = ctx.tokens
     w = min(window, n)
     rows = attention_rows(ctx.query[:, :, n - w:], ctx.keys, ctx.positions[:, n - w:], ctx.scaling,
                           key_positions=ctx.positions, sliding_window=ctx.sliding_window, softcap=ctx.softcap,
@@ -42,9 +41,7 @@ def adaptive_budgets(scores: torch.Tensor, ctx: LayerContext, window: int, floor
     """
     b, h, n = scores.shape
     real = ctx.prompt_lengths
-    w = torch.minimum(real, torch.full_like(real, window))
-    idx = torch.arange(n, device=scores.device)
-    prefix = (idx[None, :] >= (n - real)[:, None]) & (idx[None, :] < (n - w)[:, None])
+    w, prefix = prompt_prefix(real, n, window)
     masked = scores.float().masked_fill(~prefix[:, None, :], float("-inf"))
     own = (torch.minimum(ctx.budgets.to(scores.device), real[:, None]) - w[:, None]).clamp(min=0)   # [b, h]
     floor = torch.floor(own.float() * floor_share).long()
@@ -61,7 +58,7 @@ def adaptive_budgets(scores: torch.Tensor, ctx: LayerContext, window: int, floor
 
 
 @dataclass
-class SnapKV(Policy):
+class SnapKV(ScorerPolicy):
     """HeadKV / SnapKV selection (window 8, max-pool 7) with any budget map.
 
     With ``adaptive=True`` each layer's budget is re-split over its heads online (AdaKV-style,
@@ -84,8 +81,10 @@ class SnapKV(Policy):
         if not 0.0 <= self.floor_share <= 1.0:
             raise HeadprobeError(f"policy snapkv: floor_share {self.floor_share}: expected a value in [0, 1]")
 
-    def select(self, ctx: LayerContext) -> Selection:
-        scores = window_scores(ctx, self.window, self.kernel_size, self.pooling)
+    def score(self, ctx: LayerContext) -> torch.Tensor:
+        return window_scores(ctx, self.window, self.kernel_size, self.pooling)
+
+    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:
         if self.adaptive:
-            ctx = replace(ctx, budgets=adaptive_budgets(scores, ctx, self.window, self.floor_share))
-        return window_and_topk(scores, ctx, self.window)
+            return adaptive_budgets(scores, ctx, self.window, self.floor_share)
+        return ctx.budgets

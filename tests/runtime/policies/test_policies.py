@@ -91,7 +91,7 @@ def test_dynamickv_with_a_budget_map_shares_the_maps_total():
     from headprobe.runtime import BudgetSource, CompressedCache, headprobe_attention, make_policy
 
     class Fixed(BudgetSource):
-        def resolve(self, cache, prompt_lengths, policy):
+        def resolve(self, shape, prompt_lengths, policy):
             per = torch.tensor([[9, 9], [10, 14], [20, 12], [9, 30], [16, 16]])      # [layers, kv_heads]
             return per[None].expand(len(prompt_lengths), -1, -1).clone()
 
