@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..attention.registry import AttentionSwitch
-from ..attention.rows import attention_rows
+from ..attention.rows import masked_attention
 from ..errors import HeadprobeError, param
 from ..files.trial_log import TrialLog
 from ..head_ranking import top_heads
@@ -51,19 +51,12 @@ def _uniform(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _attention_weights(query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor, scaling: float,
-                       sliding_window: int | None, softcap: float | None) -> torch.Tensor:
-    """Every head's softmax attention, ``[batch, query_heads, n, k]`` float32, by
-    :func:`~headprobe.attention.rows.attention_rows` over all ``n`` query rows.
-
-    The cache holds contiguous positions ending with this forward's tokens, so key ``j`` sits at
-    position ``j`` and query row ``i`` at ``k - n + i`` (causality and windows only compare positions);
-    keys no row may see (padding) are masked out.
+                       softcap: float | None) -> torch.Tensor:
+    """Every head's softmax attention, ``[batch, query_heads, n, k]`` float32, under the mask ``allowed``
+    ``[batch or 1, 1, n, k]`` (causality, the sliding window and padding already in it), by
+    :func:`~headprobe.attention.rows.masked_attention`.
     """
-    n, k = query.shape[2], key.shape[2]
-    positions = torch.arange(k - n, k, device=key.device)
-    visible_keys = allowed[:, 0].any(dim=1)                                            # [batch or 1, k]
-    return attention_rows(query, key, positions, scaling, sliding_window=sliding_window, softcap=softcap,
-                          key_mask=visible_keys)
+    return masked_attention(query, key, None, allowed, scaling, softcap=softcap)
 
 
 def _ablate_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
@@ -80,7 +73,7 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
     if state is not None and state.return_weights:
         allowed = _allowed(query, key, attention_mask, sliding)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        weights = _attention_weights(query, key, allowed, scale, sliding, kwargs.get("softcap")).to(query.dtype)
+        weights = _attention_weights(query, key, allowed, scale, kwargs.get("softcap")).to(query.dtype)
         if heads:
             weights[:, heads] = _uniform(allowed, query.dtype).expand(weights.shape[0], len(heads), -1, -1)
         out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()

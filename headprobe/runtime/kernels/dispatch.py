@@ -15,15 +15,38 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
 from .launch import interpreting
 from .torch_ref import compact_torch, ragged_attention_torch
 
-if TYPE_CHECKING:  # pragma: no cover
-    from ..store import LayerStore, Selection
+
+class SegmentStore(Protocol):
+    """What the kernels read and write of a layer's store (:class:`headprobe.runtime.store.LayerStore`).
+
+    Flat ``keys``/``values`` ``[rows, head_dim]`` and ``positions`` ``[rows]``; per segment
+    ``s = b · kv_heads + h`` its first row ``offsets[s]`` and ``lengths[s]``; ``log_votes`` ``[rows]`` or
+    ``None``; ``padded()`` the per-segment padded view the PyTorch path attends over.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    offsets: torch.Tensor
+    lengths: torch.Tensor
+    log_votes: torch.Tensor | None
+    kv_heads: int
+
+    def padded(self) -> dict[str, torch.Tensor]: ...
+
+
+class TokenSelection(Protocol):
+    """Which prompt tokens each segment keeps: ``index`` ``[segments, k_max]`` and ``count`` ``[segments]``."""
+
+    index: torch.Tensor
+    count: torch.Tensor
 
 BACKENDS = ("auto", "torch", "triton")
 _backend = "auto"
@@ -109,8 +132,8 @@ def _first_launch(kernel: str, launch: Callable[[], T], fallback: Callable[[], T
     return result
 
 
-def compact(store: LayerStore, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
-            selection: Selection) -> None:
+def compact(store: SegmentStore, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+            selection: TokenSelection) -> None:
     """Gather the selected prompt pairs of every segment of a layer into the store (one launch)."""
 
     def with_torch() -> None:
@@ -129,7 +152,7 @@ def compact(store: LayerStore, keys: torch.Tensor, values: torch.Tensor, positio
     return _first_launch("compaction", with_triton, with_torch)
 
 
-def ragged_attention(query: torch.Tensor, store: LayerStore, query_positions: torch.Tensor, scaling: float,
+def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: torch.Tensor, scaling: float,
                      sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
     """Attention of ``query`` ``[batch, q_heads, n, head_dim]`` over the ragged store of its layer.
 
