@@ -88,6 +88,7 @@ _API: dict[str, dict[str, str]] = {
         "write_headkv_json": "interop.headkv_json",
         "identity_for_model": "interop.known",
         "write_layer_list": "interop.layer_list",
+        "write_kvpress_ratios": "interop.layer_list",
     },
     # runtime: the compressed KV cache inside generate
     "runtime": {

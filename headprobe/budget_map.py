@@ -1,6 +1,6 @@
 """Budget maps: per (layer, KV head) token budgets, the file the allocator writes and the runtime reads.
 
-A budget map is ``{"format": "headprobe.budget_map", "version": 1, ...}``; see ``docs/formats.md``.
+A budget map is ``{"format": "headprobe.budget", "version": 1, ...}``; see ``docs/formats.md``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from .errors import FileFormatError
 from .files.jsonio import atomic_write_json, read_headprobe_file, require, require_matrix
 from .models.identity import ModelIdentity
 
-BUDGET_FORMAT = "headprobe.budget_map"
+BUDGET_FORMAT = "headprobe.budget"
 BUDGET_VERSION = 1
 GRANULARITIES = ("kv_head", "query_head")
 

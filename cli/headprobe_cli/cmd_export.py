@@ -2,49 +2,74 @@
 
 from __future__ import annotations
 
+import sys
+import warnings
 from pathlib import Path
 
 import headprobe as hp
 
 from .common_args import add_force_argument
 
-TARGETS = ("duoattention", "headkv", "layers")
+TARGETS = ("duoattention", "headkv", "layers", "kvpress-layers")
 
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(
         "export", help="export a profile or budget map for other engines", formatter_class=formatter,
         description="Export to a DuoAttention pattern folder (full_attention_heads.tsv + config.json), a "
-                    "HeadKV / Retrieval_Head score JSON, or a per-layer budget list.",
+                    "HeadKV / Retrieval_Head score JSON, a per-layer budget list, or per-layer removal ratios "
+                    "for kvpress' PerLayerCompressionPress. See docs/interop.md for what each engine reads.",
         epilog="examples:\n  headprobe export profiles/smollm2-135m.retrieval_reasoning.json --to duoattention "
-               "-o duo/\n  headprobe export budgets/x.json --to layers -o layers.json\n"
-               "  headprobe export p.json --to duoattention --full-share 0.25 -o duo/")
+               "--full-share 0.25 -o duo/\n  headprobe export budgets/x.json --to duoattention -o duo/\n"
+               "  headprobe export budgets/x.json --to layers -o layers.json\n"
+               "  headprobe export budgets/x.json --to kvpress-layers --prompt-len 2048 -o ratios.json")
     p.add_argument("input", help="headprobe profile or budget file")
     p.add_argument("--to", required=True, choices=TARGETS, help="target format")
     p.add_argument("-o", "--output", required=True, help="output file (folder for duoattention)")
-    p.add_argument("--threshold", type=float, default=None, help="duoattention: binarise at this score")
-    p.add_argument("--full-share", type=float, default=None, help="duoattention: binarise, this share of heads full")
-    p.add_argument("--sink-size", type=int, default=None, help="duoattention config sink_size (default 128)")
-    p.add_argument("--recent-size", type=int, default=None, help="duoattention config recent_size (default 256)")
+    p.add_argument("--threshold", type=float, default=None,
+                   help="duoattention: heads whose score is at or above this are full")
+    p.add_argument("--full-share", type=float, default=None,
+                   help="duoattention: this share of the heads is full (default 0.5; an imported DuoAttention "
+                        "pattern keeps its own split)")
+    p.add_argument("--binary", action="store_true", help="duoattention: write 1/0 instead of ranked values")
+    p.add_argument("--sink-size", type=int, default=None,
+                   help="duoattention: sink_size (a budget map's sink; for a profile default 128)")
+    p.add_argument("--recent-size", type=int, default=None,
+                   help="duoattention: recent_size (a budget map's window; for a profile default 256)")
     p.add_argument("--reduction", default=None, help="duoattention: query→KV reduction (default: the profile's)")
-    p.add_argument("--exact", action="store_true", help="duoattention: scores as stored (no rescale, ties kept)")
+    p.add_argument("--exact", action="store_true", help="duoattention: scores as stored (no split, no rescale)")
+    p.add_argument("--prompt-len", type=int, default=None,
+                   help="kvpress-layers: context tokens kvpress compresses (default: the map's prompt_len)")
     add_force_argument(p)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     src = hp.load_file(args.input)
-    if args.to == "duoattention":
-        out = hp.write_duoattention(src, args.output, sink_size=args.sink_size, recent_size=args.recent_size,
-                                 threshold=args.threshold, full_share=args.full_share, exact=args.exact,
-                                 reduction=args.reduction, force=args.force)
-    elif args.to == "headkv":
-        if not isinstance(src, hp.Profile):
-            raise hp.HeadprobeError("--to headkv exports head scores: give a profile, not a budget map")
-        out = hp.write_headkv_json(src, args.output, force=args.force)
-    else:
-        if not isinstance(src, hp.BudgetMap):
-            raise hp.HeadprobeError("--to layers exports budgets: give a budget map (headprobe allocate)")
-        out = hp.write_layer_list(src, args.output, force=args.force)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if args.to == "duoattention":
+            out = hp.write_duoattention(src, args.output, sink_size=args.sink_size, recent_size=args.recent_size,
+                                     threshold=args.threshold, full_share=args.full_share, binary=args.binary,
+                                     exact=args.exact, reduction=args.reduction, force=args.force)
+        elif args.to == "headkv":
+            if not isinstance(src, hp.Profile):
+                raise hp.HeadprobeError("--to headkv exports head scores: give a profile, not a budget map")
+            out = hp.write_headkv_json(src, args.output, force=args.force)
+        else:
+            if not isinstance(src, hp.BudgetMap):
+                raise hp.HeadprobeError(f"--to {args.to} exports budgets: give a budget map (headprobe allocate)")
+            if args.to == "layers":
+                out = hp.write_layer_list(src, args.output, force=args.force)
+            else:
+                out = hp.write_kvpress_ratios(src, args.output, args.prompt_len, force=args.force)
+    for w in caught:
+        print(f"headprobe: warning: {w.message}", file=sys.stderr)
     print(f"wrote {Path(out)}")
+    if args.to == "duoattention" and not args.exact:
+        cfg = hp.read_json(Path(out) / "config.json")
+        info = cfg.get("headprobe", {})
+        print(f"{info.get('full_heads')} full and {info.get('streaming_heads')} streaming KV heads; sparsity "
+              f"{cfg['sparsity']!r} (DuoAttention --sparsity, kvpress head_compression_ratio), sink_size "
+              f"{cfg['sink_size']}, recent_size {cfg['recent_size']}")
     return 0

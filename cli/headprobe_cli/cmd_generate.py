@@ -25,7 +25,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--prompt-file", help="read the prompt from this file")
     add_loading_arguments(p)
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--budget", metavar="FILE", help="budget file (headprobe.budget_map JSON) for this model")
+    src.add_argument("--budget", metavar="FILE", help="budget file (headprobe.budget JSON) for this model")
     src.add_argument("--ratio", type=float, help="keep this fraction of the prompt in every head")
     p.add_argument("--capacity", type=int, default=None,
                    help="mean tokens per head (default 128; with --budget, rescales the file to this capacity)")

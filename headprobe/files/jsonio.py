@@ -18,8 +18,26 @@ from typing import Any
 from ..errors import FileFormatError, HeadprobeError
 
 
+def current_umask() -> int:
+    """The process's file-creation mask (read from ``/proc`` where it can be, without changing it)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)  # no /proc: read it by setting it, and put it back at once
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename).
+
+    The file gets the mode a plain ``open(path, "w")`` would give it (``0666`` less the umask, e.g.
+    ``0644``), not the ``0600`` of a temporary file, so other users and serving processes can read it.
+    """
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
@@ -29,6 +47,7 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
         raise HeadprobeError(f"{parent}: output directory is not writable ({exc.strerror})") from exc
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

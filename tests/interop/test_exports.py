@@ -11,10 +11,11 @@ from headprobe.allocation import allocate
 from headprobe.errors import FileFormatError, HeadprobeError
 from headprobe.interop import (
     binarise,
+    choose_split,
+    ranked_pattern,
     read_duoattention,
     read_headkv_json,
     read_layer_list,
-    untie,
     write_duoattention,
     write_headkv_json,
     write_layer_list,
@@ -86,23 +87,34 @@ def test_duoattention_export_of_headprobe_profile(tmp_path):
     out = write_duoattention(p, tmp_path / "duo", sink_size=4, recent_size=64)
     vals = np.loadtxt(out / "full_attention_heads.tsv", delimiter="\t")
     assert vals.shape == (30, 3) and vals.min() >= 0 and vals.max() <= 1
-    assert len(np.unique(vals)) == 90
+    assert len(np.unique(vals)) == 90 and (vals > 0.5).sum() == 45  # default: the top half full
     cfg = json.loads((out / "config.json").read_text())
-    assert cfg["sink_size"] == 4 and cfg["recent_size"] == 64
+    assert cfg["sink_size"] == 4 and cfg["recent_size"] == 64 and cfg["sparsity"] == 0.5
     back = read_duoattention(out, model=SMOL)
     assert np.array_equal(np.array(back.kv_heads), vals)
     with pytest.raises(HeadprobeError, match="exists; pass force=True"):
         write_duoattention(p, out)
     write_duoattention(p, out, force=True, full_share=1 / 3)
+    assert (np.loadtxt(out / "full_attention_heads.tsv") > 0.5).sum() == 30
+    write_duoattention(p, out, force=True, full_share=1 / 3, binary=True)
     assert np.loadtxt(out / "full_attention_heads.tsv").sum() == 30
+    with pytest.raises(HeadprobeError, match="exact=True writes the scores as stored"):
+        write_duoattention(p, out, force=True, exact=True, full_share=0.5)
 
 
-def test_untie_keeps_order_and_breaks_ties_by_layer_head():
+def test_ranked_pattern_keeps_order_and_breaks_ties_by_layer_head():
     s = np.array([[1.0, 1.0], [0.5, 1.0]])
-    u = untie(s)
-    assert u[0, 0] > u[0, 1] > u[1, 1] > u[1, 0] and np.all(np.abs(u - s) <= 1e-6) and u.max() <= 1
+    split = choose_split(s, full_share=0.5)
+    assert split.full.tolist() == [[True, True], [False, False]] and split.tie == (1.0, 3, 2)
+    u = ranked_pattern(s, split.full)
+    assert u[0, 0] > u[0, 1] > 0.5 > u[1, 1] > u[1, 0] and u.min() >= 0 and u.max() <= 1
+    assert np.diff(np.sort(u.ravel())).min() >= 1e-5 - 1e-12
     assert binarise(s, full_share=0.5).tolist() == [[1, 1], [0, 0]]
     assert binarise(s, threshold=0.75).tolist() == [[1, 1], [0, 1]]
+    with pytest.raises(HeadprobeError, match="threshold=2 makes no KV head full"):
+        choose_split(s, threshold=2)
+    with pytest.raises(HeadprobeError, match="full_share=1.5: expected a share of heads in"):
+        choose_split(s, full_share=1.5)
 
 
 def test_layer_list_export(tmp_path):
