@@ -9,8 +9,8 @@ from headprobe_cli.main import main
 def test_generate_rejects_an_option_the_policy_does_not_have(capsys):
     assert main(["generate", "--policy", "snapkv", "--option", "block_size=3", "hello"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["headprobe: error: policy snapkv: option 'block_size' does not apply "
-                   "(options: window, kernel_size, pooling, adaptive, floor_share)"]
+    assert err == [("headprobe: error: policy snapkv: option 'block_size' does not apply "
+                    "(options: window, kernel_size, pooling, adaptive, floor_share)")]
 
 
 @pytest.mark.parametrize("option, message", [
