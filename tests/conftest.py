@@ -59,6 +59,15 @@ def make_tiny_gemma3(seed: int = 0) -> LoadedModel:
     return LoadedModel(model=model, tokenizer=tok, identity=identity_from_config(config, "tiny-gemma3", "test"))
 
 
+@pytest.fixture(autouse=True)
+def user_data_dir(tmp_path_factory, monkeypatch):
+    """Every test gets its own user data folder (``HEADPROBE_DATA``), where ``headprobe profile`` writes by
+    default and ``allocate`` looks first: tests never touch, nor read, the real one."""
+    path = tmp_path_factory.mktemp("headprobe-data")
+    monkeypatch.setenv("HEADPROBE_DATA", str(path))
+    return path
+
+
 @pytest.fixture
 def tiny_llama() -> LoadedModel:
     return make_tiny_llama()
