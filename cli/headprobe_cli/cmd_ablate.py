@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model
+from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -43,11 +44,11 @@ def register(sub, formatter) -> None:
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    log = out.with_name(out.stem + ".runs.jsonl")
-    if (out.exists() or log.exists()) and not (args.force or args.resume):
-        raise HeadprobeError(f"{out if out.exists() else log} exists; pass --resume to continue or --force to "
-                             "start over")
+    log = headprobe.ablation_log_path(out)
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
+        else out.with_suffix(".png")
+    headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
@@ -63,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
                                     args.seed, args.max_new_tokens, not args.no_chat_template, progress,
                                     log_path=log, resume=args.resume, force=args.force)
     result["needles"] = path
+    if plot is not None:      # listed, so that a resumed run may rewrite it
+        result["figures"] = [Path(os.path.relpath(plot.resolve(), out.parent.resolve())).as_posix()]
     headprobe.atomic_write_json(out, result)
     print(headprobe.format_ablation(result))
     print(f"wrote {out}")
-    if (args.plot or "").lower() != "none":
-        png = headprobe.save_figure(headprobe.ablation_bars(result), Path(args.plot) if args.plot
-                                    else out.with_suffix(".png"), force=True)
-        print(f"wrote {png}")
+    if plot is not None:      # replacing it was settled by check_ablation_outputs
+        print(f"wrote {headprobe.save_figure(headprobe.ablation_bars(result), plot, force=True)}")
     return 0
