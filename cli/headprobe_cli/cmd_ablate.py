@@ -38,7 +38,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--out", default="eval/ablation.json")
     p.add_argument("--plot", default=None, help="PNG bars (default: beside --out); 'none' to skip")
-    add_rerun_arguments(p, log="its run log", replaced="--out and its run log")
+    add_rerun_arguments(p, log="its run log", replaced="--out, its figure and its run log")
     p.set_defaults(func=run)
 
 

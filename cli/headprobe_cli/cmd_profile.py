@@ -55,7 +55,7 @@ def register(sub, formatter) -> None:
                         "look first; never the shipped profiles)")
     p.add_argument("--name", help="file-name stem (default: the model alias)")
     p.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
-    add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs")
+    add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
     p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
     p.add_argument("--allow-partial", action="store_true",
