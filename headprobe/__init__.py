@@ -41,6 +41,7 @@ _API: dict[str, dict[str, str]] = {
         "read_json": "files.jsonio",
         "check_overwrite": "files.overwrite",
         "read_log": "files.trial_log",
+        "user_profiles_dir": "paths",
         "load_file": "file_summary",
         "summarize_file": "file_summary",
     },
@@ -57,6 +58,8 @@ _API: dict[str, dict[str, str]] = {
         "PROBES": "probes.run",
         "ProfileRequest": "probes.run",
         "ProfileResult": "probes.run",
+        "ProfileOutputs": "probes.run",
+        "check_profile_run": "probes.run",
         "merge_profile_logs": "probes.run",
         "run_profile": "probes.run",
         "RetentionConfig": "probes.retention",
@@ -118,6 +121,8 @@ _API: dict[str, dict[str, str]] = {
     # evaluation: needle / bAbI-style grids, outside QA datasets, head ablation
     "evaluation": {
         "HeadAblation": "eval.ablation",
+        "ablation_log_path": "eval.ablation",
+        "check_ablation_outputs": "eval.ablation",
         "format_ablation": "eval.ablation",
         "random_heads": "eval.ablation",
         "run_ablation": "eval.ablation",
@@ -133,6 +138,7 @@ _API: dict[str, dict[str, str]] = {
         "format_eval_summary": "eval.result:format_summary",
         "EvalRequest": "eval.runner",
         "cell_log_path": "eval.cell_log",
+        "check_eval_outputs": "eval.cell_log",
         "run_eval": "eval.runner",
         "EVAL_PRESETS": "eval.settings:PRESETS",
         "EvalSetting": "eval.settings",

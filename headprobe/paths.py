@@ -1,4 +1,5 @@
-"""Where headprobe finds the data it ships (haystacks, profiles) and where it caches converted models."""
+"""Where headprobe finds the data it ships (haystacks, profiles), where a user's profiles go, and where it
+caches converted models."""
 
 from __future__ import annotations
 
@@ -24,6 +25,25 @@ def haystacks_dir() -> Path:
 def shipped_profiles_dir() -> Path:
     """The profiles that ship with headprobe."""
     return _shipped("profiles")
+
+
+def data_dir() -> Path:
+    """The user's headprobe data: ``$HEADPROBE_DATA``, else ``$XDG_DATA_HOME/headprobe``, else
+    ``~/.local/share/headprobe``."""
+    root = os.environ.get("HEADPROBE_DATA")
+    if root:
+        return Path(root)
+    base = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(base) / "headprobe"
+
+
+def user_profiles_dir() -> Path:
+    """Where the user's profiles and trial logs go by default: ``data_dir()/profiles``.
+
+    Never the shipped profiles' folder, so a run cannot replace a shipped profile by default, and the
+    same from any working directory, so ``allocate`` finds what ``profile`` wrote wherever it runs.
+    """
+    return data_dir() / "profiles"
 
 
 def cache_dir() -> Path:

@@ -1,6 +1,9 @@
-"""Shared fixtures: a tiny random Llama for plumbing tests, the real SmolLM2 for slow tests."""
+"""Shared fixtures: a tiny random Llama for plumbing tests, the real SmolLM2 for slow tests, a private user data
+folder for every test, and the command line as an interruptible subprocess."""
 
 from __future__ import annotations
+
+import sys
 
 import pytest
 import torch
@@ -57,6 +60,23 @@ def make_tiny_gemma3(seed: int = 0) -> LoadedModel:
     model = Gemma3ForCausalLM(config).eval()
     model.config._attn_implementation = "sdpa"
     return LoadedModel(model=model, tokenizer=tok, identity=identity_from_config(config, "tiny-gemma3", "test"))
+
+
+def headprobe_command(*argv: str) -> list[str]:
+    """The ``headprobe`` command line as a subprocess that Ctrl-C (SIGINT) interrupts even when the tests run
+    in the background, whose children start with SIGINT ignored."""
+    code = ("import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from headprobe_cli.main import main; sys.exit(main(sys.argv[1:]))")
+    return [sys.executable, "-c", code, *argv]
+
+
+@pytest.fixture(autouse=True)
+def user_data_dir(tmp_path_factory, monkeypatch):
+    """Every test gets its own user data folder (``HEADPROBE_DATA``), where ``headprobe profile`` writes by
+    default and ``allocate`` looks first: tests never touch, nor read, the real one."""
+    path = tmp_path_factory.mktemp("headprobe-data")
+    monkeypatch.setenv("HEADPROBE_DATA", str(path))
+    return path
 
 
 @pytest.fixture

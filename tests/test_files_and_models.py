@@ -126,6 +126,7 @@ def test_trial_log_resume_rules(tmp_path):
         TrialLog(path, {"a": 1})
     with pytest.raises(HeadprobeError, match=r"other settings \(a\)"):
         TrialLog(path, {"a": 2}, resume=True)
+    log.close()                               # an open log is locked against every other writer
     with open(path, "a") as handle:
         handle.write('{"trial": "t2", "x"')  # torn write
     again = TrialLog(path, {"a": 1, "batch_size": 8}, resume=True)

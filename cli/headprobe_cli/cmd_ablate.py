@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model
+from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -37,17 +38,17 @@ def register(sub, formatter) -> None:
     p.add_argument("--no-chat-template", action="store_true")
     p.add_argument("--out", default="eval/ablation.json")
     p.add_argument("--plot", default=None, help="PNG bars (default: beside --out); 'none' to skip")
-    add_rerun_arguments(p, log="its run log", replaced="--out and its run log")
+    add_rerun_arguments(p, log="its run log", replaced="--out, its figure and its run log")
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
-    log = out.with_name(out.stem + ".runs.jsonl")
-    if (out.exists() or log.exists()) and not (args.force or args.resume):
-        raise HeadprobeError(f"{out if out.exists() else log} exists; pass --resume to continue or --force to "
-                             "start over")
+    log = headprobe.ablation_log_path(out)
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
+        else out.with_suffix(".png")
+    headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
@@ -63,11 +64,11 @@ def run(args: argparse.Namespace) -> int:
                                     args.seed, args.max_new_tokens, not args.no_chat_template, progress,
                                     log_path=log, resume=args.resume, force=args.force)
     result["needles"] = path
+    if plot is not None:      # listed, so that a resumed run may rewrite it
+        result["figures"] = [Path(os.path.relpath(plot.resolve(), out.parent.resolve())).as_posix()]
     headprobe.atomic_write_json(out, result)
     print(headprobe.format_ablation(result))
     print(f"wrote {out}")
-    if (args.plot or "").lower() != "none":
-        png = headprobe.save_figure(headprobe.ablation_bars(result), Path(args.plot) if args.plot
-                                    else out.with_suffix(".png"), force=True)
-        print(f"wrote {png}")
+    if plot is not None:      # replacing it was settled by check_ablation_outputs
+        print(f"wrote {headprobe.save_figure(headprobe.ablation_bars(result), plot, force=True)}")
     return 0

@@ -17,7 +17,7 @@ def register(sub, formatter) -> None:
         "allocate", help="turn profiles into per-head KV-cache budgets", formatter_class=formatter,
         description="Allocate KV-cache budgets per (layer, KV head) from head-score and/or layer-retention "
                     "profiles. Without --profile, the newest profiles of the kinds the method reads are used "
-                    "(./profiles first, then the shipped ones).\n\nmethods:\n"
+                    "(the user's profiles folder, where `headprobe profile` writes, then ./profiles, then the shipped ones).\n\nmethods:\n"
                     + "\n".join(f"  {a.name:<10} {a.description}" for a in hp.ALLOCATORS.values()),
         epilog="examples:\n  headprobe allocate --beta 1.01\n"
                "  headprobe allocate --method combined --profile r2.json --profile layers.json --task code\n"

@@ -8,7 +8,7 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model
+from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -91,10 +91,11 @@ def run(args: argparse.Namespace) -> int:
     for s in settings:   # bad policy options fail before the model loads
         headprobe.make_policy(s.policy, **s.options)
     out = Path(args.out)
-    headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
-    log = headprobe.cell_log_path(out)
-    if log.exists() and not (args.resume or args.force):
-        raise HeadprobeError(f"{log}: a cell log already exists; pass --resume to continue it or --force to start over")
+    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
+        else out.with_suffix(".png")
+    memory_plot = figure_path(args.memory_plot) if args.memory_plot else None
+    figures = [f for f in (plot, memory_plot) if f is not None]
+    headprobe.check_eval_outputs(out, figures, resume=args.resume, force=args.force)   # before the model loads
     depths = headprobe.probe_grid.parse_depths(args.depths)
     items, examples = None, None
     if args.task == "dataset":
@@ -120,7 +121,7 @@ def run(args: argparse.Namespace) -> int:
         progress = _lazy_progress(len(examples) * len(settings), "eval")
         result = headprobe.run_dataset_eval(lm, examples, settings, out, args.max_length, args.max_new_tokens,
                                             str(args.dataset), not args.no_chat_template, args.resume, args.force,
-                                            progress)
+                                            progress, figures=figures)
     else:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint
@@ -128,15 +129,14 @@ def run(args: argparse.Namespace) -> int:
                                         args.max_new_tokens, not args.no_chat_template,
                                         share_prefill=not args.no_shared_prefill)
         progress = _lazy_progress(len(items) * len(settings) * len(args.lengths) * len(depths), "eval")
-        result = headprobe.run_eval(lm, request, out, resume=args.resume, force=args.force, progress=progress)
+        result = headprobe.run_eval(lm, request, out, resume=args.resume, force=args.force, progress=progress,
+                                    figures=figures)
     print(headprobe.format_eval_summary(result))
     print(f"wrote {out}")
-    if (args.plot or "").lower() != "none":
-        png = Path(args.plot) if args.plot else out.with_suffix(".png")
+    # Replacing the figures was settled by check_eval_outputs; the result lists them.
+    if plot is not None:
         fig = headprobe.needle_grid(result) if args.task != "dataset" else headprobe.accuracy_vs_memory(result)
-        headprobe.save_figure(fig, png, force=True)
-        print(f"wrote {png}")
-    if args.memory_plot:
-        png = headprobe.save_figure(headprobe.accuracy_vs_memory(result), Path(args.memory_plot), force=True)
-        print(f"wrote {png}")
+        print(f"wrote {headprobe.save_figure(fig, plot, force=True)}")
+    if memory_plot is not None:
+        print(f"wrote {headprobe.save_figure(headprobe.accuracy_vs_memory(result), memory_plot, force=True)}")
     return 0

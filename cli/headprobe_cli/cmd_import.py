@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import headprobe
 
 from .common_args import add_force_argument, add_model_argument
@@ -22,7 +20,8 @@ def register(sub, formatter) -> None:
     add_model_argument(p, default=None, help="alias or HF id of the model (default: from the file name)")
     p.add_argument("--kind", default=None, choices=["retrieval", "enhanced_retrieval", "retrieval_reasoning"],
                    help="profile kind (default: from the file name)")
-    p.add_argument("-o", "--output", default=None, help="profile file (default: profiles/<model>.<kind>.imported.json)")
+    p.add_argument("-o", "--output", default=None, help="profile file (default: <model>.<kind>.<source>.json in the "
+                   "user's profiles folder, where allocate looks; see headprobe profile --help)")
     add_force_argument(p)
     p.set_defaults(func=run)
 
@@ -32,7 +31,7 @@ def run(args) -> int:
     out = args.output
     if out is None:
         slug = headprobe.model_slug(prof.model.name)
-        out = Path("profiles") / f"{slug}.{prof.kind}.{prof.probe.get('source', 'imported')}.json"
+        out = headprobe.user_profiles_dir() / f"{slug}.{prof.kind}.{prof.probe.get('source', 'imported')}.json"
     headprobe.check_overwrite(out, args.force)
     prof.save(out)
     top = ", ".join(f"{l}-{h}" for l, h, _ in prof.top_heads(5))

@@ -49,19 +49,26 @@ def register(sub, formatter) -> None:
     p.add_argument("--group-reduction", choices=["mean", "max", "sum"], default="mean",
                    help="how query-head scores reduce to KV heads")
     p.add_argument("--batch-size", type=int, default=4, help="trials per forward in fast mode")
-    p.add_argument("--out-dir", default="profiles", help="where profiles and trial logs go")
+    p.add_argument("--out-dir", default=None,
+                   help="where profiles and trial logs go (default: the user's profiles folder, "
+                        "$HEADPROBE_DATA/profiles or ~/.local/share/headprobe/profiles, where allocate and eval "
+                        "look first; never the shipped profiles)")
     p.add_argument("--name", help="file-name stem (default: the model alias)")
     p.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
-    add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs")
+    add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
     p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
+    p.add_argument("--allow-partial", action="store_true",
+                   help="--merge: write profiles even when trials of the grid are missing from the logs")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     grids = headprobe.probe_grid
+    out_dir = Path(args.out_dir) if args.out_dir else headprobe.user_profiles_dir()
     if args.merge:
-        for path in headprobe.merge_profile_logs(args.merge, args.out_dir, args.name):
+        for path in headprobe.merge_profile_logs(args.merge, out_dir, args.name, force=args.force,
+                                                 allow_partial=args.allow_partial):
             print(f"wrote {path}")
         return 0
     probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
@@ -72,32 +79,44 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
-    loaded = load_model(args)
-    on_gpu = loaded.device.type == "cuda"
-    if args.grid == "full" or (args.grid == "auto" and on_gpu):
-        lengths, depths, described = grids.full_grid(loaded.identity.max_context)
-    else:
-        lengths, depths, described = grids.default_grid(False, loaded.identity.max_context)
-    if args.lengths:
-        lengths, described = args.lengths, "custom lengths"
-    if args.depths:
-        depths = grids.parse_depths(args.depths)
-        described += ", custom depths"
     needle_files = {}
     for path in args.needle_file:
         kind = headprobe.load_needles(path)[0].kind
         needle_files[kind] = Path(path)
+    # The grid's defaults depend on the device; the CPU grid stands in until the model is loaded.
+    lengths, depths, _ = grids.default_grid(False, None)
+    if args.lengths:
+        lengths = args.lengths
+    if args.depths:
+        depths = grids.parse_depths(args.depths)
     request = headprobe.ProfileRequest(
-        probes=probes, lengths=list(lengths), depths=list(depths), out_dir=Path(args.out_dir), mode=args.mode,
+        probes=probes, lengths=list(lengths), depths=list(depths), out_dir=out_dir, mode=args.mode,
         seeds=args.seeds, needle_files=needle_files, needle_ids=args.needles, haystack=args.haystack,
         chat_template=not args.no_chat_template, batch_size=args.batch_size, gate=args.gate,
         group_reduction=args.group_reduction, tasks=args.tasks, samples_per_task=args.samples_per_task,
         retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens),
         resume=args.resume, force=args.force, shard=shard, name=args.name,
     )
+    # What would be replaced, and whether the outputs can be written, is settled before the model loads.
+    headprobe.check_profile_run(request, headprobe.resolve_model(args.model).name)
+    loaded = load_model(args)
+    on_gpu = loaded.device.type == "cuda"
+    if args.grid == "full" or (args.grid == "auto" and on_gpu):
+        grid_lengths, grid_depths, described = grids.full_grid(loaded.identity.max_context)
+    else:
+        grid_lengths, grid_depths, described = grids.default_grid(False, loaded.identity.max_context)
+    if args.lengths:
+        described = "custom lengths"
+    else:
+        request.lengths = list(grid_lengths)
+    if args.depths:
+        described += ", custom depths"
+    else:
+        request.depths = list(grid_depths)
+    lengths, depths = request.lengths, request.depths
     print(f"profiling {loaded.identity.name} on {loaded.device} ({args.mode} mode): {described}; "
-          f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}",
-          file=sys.stderr)
+          f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
+          f"writing to {out_dir}", file=sys.stderr)
     started = time.perf_counter()
     result = headprobe.run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
     elapsed = time.perf_counter() - started

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
 
 import headprobe as hp
 
@@ -50,6 +51,18 @@ def add_rerun_arguments(parser: argparse.ArgumentParser, log: str, replaced: str
 def add_force_argument(parser: argparse.ArgumentParser, what: str = "an existing output") -> None:
     """``--force`` of a command that writes one output: overwrite it."""
     parser.add_argument("--force", action="store_true", help=f"overwrite {what}")
+
+
+def figure_path(text: str) -> Path:
+    """The file a figure named on the command line is saved to: ``.png`` added when it has no suffix;
+    a suffix other than a plot format is refused (before the model loads)."""
+    path = Path(text)
+    fmt = path.suffix.lstrip(".").lower()
+    if not fmt:
+        return path.with_suffix(".png")
+    if fmt not in hp.PLOT_FORMATS:
+        raise hp.HeadprobeError(f"{text}: plot format must be one of {', '.join(hp.PLOT_FORMATS)}, got {fmt!r}")
+    return path
 
 
 class LazyChoices(Sequence[str]):

@@ -11,7 +11,7 @@ import numpy as np
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError
 from ..models.identity import ModelIdentity
-from ..paths import shipped_profiles_dir
+from ..paths import shipped_profiles_dir, user_profiles_dir
 from ..profile import Profile
 from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source
 
@@ -119,8 +119,10 @@ def profiles_for_method(method: str, model: ModelIdentity | str,
 
 
 def profile_search_dirs() -> list[Path]:
-    """Where :func:`find_profiles` looks: ``./profiles`` (the working directory), then the shipped ones."""
-    dirs = [Path.cwd() / "profiles", shipped_profiles_dir()]
+    """Where :func:`find_profiles` looks: the user's profiles (:func:`~headprobe.paths.user_profiles_dir`,
+    where ``headprobe profile`` writes by default), ``./profiles`` (the working directory), then the
+    shipped ones. Folders that do not exist are left out."""
+    dirs = [user_profiles_dir(), Path.cwd() / "profiles", shipped_profiles_dir()]
     out: list[Path] = []
     for d in dirs:
         if d.is_dir() and all(d.resolve() != o.resolve() for o in out):

@@ -22,7 +22,10 @@ import torch
 from ..attention.registry import AttentionSwitch
 from ..attention.rows import masked_attention
 from ..errors import HeadprobeError, param
-from ..files.trial_log import TrialLog
+from ..files.jsonio import read_json
+from ..files.log_lock import LogLock
+from ..files.overwrite import check_overwrite
+from ..files.trial_log import TrialLog, read_log_records
 from ..head_ranking import top_heads
 from ..models.identity import ModelIdentity, identity_from_config
 from ..models.loading import transformers_model
@@ -164,6 +167,55 @@ def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int,
     return float(np.mean([t["score"] for t in out])), out
 
 
+def ablation_log_path(out: str | Path) -> Path:
+    """``<dir>/<stem>.runs.jsonl``: the run log beside an ablation result ``out``."""
+    out = Path(out)
+    return out.with_name(out.stem + ".runs.jsonl")
+
+
+def check_ablation_outputs(out: str | Path, figures: Iterable[str | Path] = (), resume: bool = False,
+                           force: bool = False) -> None:
+    """Refuse, before any model loads, an ablation that would replace what an earlier one left.
+
+    An existing run log (:func:`ablation_log_path`) needs ``resume`` or ``force``; an existing result or
+    figure needs ``force``, except that with ``resume`` the result the log made (same model, profile,
+    heads, grid and seed) and the figures it lists (``figures``) are rewritten.
+    """
+    out = Path(out)
+    log = ablation_log_path(out)
+    if log.exists() and not (resume or force):
+        raise HeadprobeError(f"{log}: a run log already exists; pass {param('resume', True)} to continue it or "
+                             f"{param('force', True)} to start over")
+    LogLock(log).release()        # refused here if another run writes to the log
+    if force:
+        return
+    own = _result_made_by_log(out, log) if resume else None
+    if own is None:
+        check_overwrite(out, False, hint="or write elsewhere" + (f" (it was not made from {log})" if resume else ""))
+    mine = {(out.parent / f).resolve() for f in (own or {}).get("figures") or [] if isinstance(f, str)}
+    for figure in figures:
+        if Path(figure).resolve() not in mine:
+            check_overwrite(figure, False, hint="or write the figure elsewhere")
+
+
+def _result_made_by_log(out: Path, log: Path) -> dict[str, Any] | None:
+    if not (out.is_file() and log.is_file()):
+        return None
+    try:
+        settings, _ = read_log_records(log)
+        result = read_json(out)
+    except (HeadprobeError, OSError):
+        return None
+    if not isinstance(result, dict) or result.get("format") != "headprobe.ablation":
+        return None
+    grid = result.get("grid") or {}
+    same = ((result.get("model") or {}).get("fingerprint") == settings.get("model")
+            and result.get("profile_fingerprint") == settings.get("profile") and result.get("seed") == settings.get("seed")
+            and [r.get("k") for r in result.get("rows", [])] == settings.get("ks")
+            and all(grid.get(k) == settings.get(k) for k in ("lengths", "depths", "items")))
+    return result if same else None
+
+
 def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
                  haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True,
                  progress: Callable[[int], None] | None = None, log_path: str | Path | None = None,
@@ -212,16 +264,23 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
             log.append({"trial": run_id, "heads": [f"{l}-{h}" for l, h in heads], "accuracy": acc, "trials": trials})
         return acc, trials
 
-    base, base_trials = masked_run("baseline", [])
-    rows = []
-    for k in ks:
-        top = top_heads(scores, k)
-        rnd = random_heads(scores.shape, k, seed + k, exclude=top)
-        top_acc, top_trials = masked_run(f"top-{k}", top)
-        rnd_acc, rnd_trials = masked_run(f"random-{k}", rnd)
-        rows.append({"k": k, "top_heads": [f"{l}-{h}" for l, h in top], "top_accuracy": top_acc,
-                     "random_heads": [f"{l}-{h}" for l, h in rnd], "random_accuracy": rnd_acc,
-                     "top_trials": top_trials, "random_trials": rnd_trials})
+    try:
+        base, base_trials = masked_run("baseline", [])
+        rows = []
+        for k in ks:
+            top = top_heads(scores, k)
+            rnd = random_heads(scores.shape, k, seed + k, exclude=top)
+            top_acc, top_trials = masked_run(f"top-{k}", top)
+            rnd_acc, rnd_trials = masked_run(f"random-{k}", rnd)
+            rows.append({"k": k, "top_heads": [f"{l}-{h}" for l, h in top], "top_accuracy": top_acc,
+                         "random_heads": [f"{l}-{h}" for l, h in rnd], "random_accuracy": rnd_acc,
+                         "top_trials": top_trials, "random_trials": rnd_trials})
+    except BaseException:
+        if log is not None:
+            log.close(finished=False)
+        raise
+    if log is not None:
+        log.close()
     return {"format": "headprobe.ablation", "version": 1, "headprobe_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.identity.to_json(),
             "profile_kind": profile.kind, "profile_fingerprint": profile.fingerprint,

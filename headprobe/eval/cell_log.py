@@ -4,15 +4,26 @@ A cell is one setting at one (length, depth) of a grid, or one setting over a wh
 cells go to a JSONL cell log beside the result (``<out>.cells.jsonl``, the trial-log format of
 :mod:`headprobe.files.trial_log`, one cell a line) and the result JSON is rewritten atomically after
 each batch of cells. An interrupted run resumes from its log and never redoes a finished cell.
+
+Nothing an earlier run left is replaced by accident (:func:`check_eval_outputs`): an existing log
+needs ``resume`` or ``force``; an existing result or figure needs ``force``, except that a resumed run
+rewrites the result its own log made and the figures that result lists. With ``force`` the old log and
+result stay as they are until the new run's first cells are logged.
 """
 
 from __future__ import annotations
 
+import os
+from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..files.trial_log import TrialLog
+from ..errors import HeadprobeError, param
+from ..files.jsonio import check_writable_dir
+from ..files.log_lock import LogLock
+from ..files.overwrite import check_overwrite
+from ..files.trial_log import TrialLog, read_log_records
 from .result import EvalResult
 from .settings import EvalSetting
 
@@ -21,6 +32,72 @@ def cell_log_path(out: str | Path) -> Path:
     """``<dir>/<stem>.cells.jsonl`` beside the result JSON ``out``."""
     out = Path(out)
     return out.with_name(out.stem + ".cells.jsonl")
+
+
+def result_made_by_log(out: str | Path, log: str | Path) -> EvalResult | None:
+    """The result at ``out`` when the cell log at ``log`` made it (same model, task and settings), else
+    ``None``."""
+    out, log = Path(out), Path(log)
+    if not (out.is_file() and log.is_file()):
+        return None
+    try:
+        header, _ = read_log_records(log)
+        result = EvalResult.load(out)
+    except (HeadprobeError, OSError):
+        return None
+    same = (result.model.get("fingerprint") == header.get("model") and result.task == header.get("task")
+            and result.settings == header.get("settings"))
+    return result if same else None
+
+
+def listed_figures(result: EvalResult | dict[str, Any], out: str | Path) -> set[Path]:
+    """The figures a result lists (``figures``, paths relative to the result's folder), resolved."""
+    figures = result.extra.get("figures") if isinstance(result, EvalResult) else result.get("figures")
+    folder = Path(out).parent
+    return {(folder / f).resolve() for f in figures or [] if isinstance(f, str)}
+
+
+def figure_names(out: str | Path, figures: Sequence[str | Path]) -> list[str]:
+    """``figures`` as a result records them: relative to the result's folder."""
+    folder = Path(out).parent.resolve()
+    return [Path(os.path.relpath(Path(f).resolve(), folder)).as_posix() for f in figures]
+
+
+def check_eval_outputs(out: str | Path, figures: Sequence[str | Path] = (), resume: bool = False,
+                       force: bool = False) -> None:
+    """Refuse, before any model loads, a run that would replace what an earlier run left.
+
+    Parameters
+    ----------
+    out
+        The result JSON; its cell log is :func:`cell_log_path` of it.
+    figures
+        The figures the run will write after the grid.
+    resume, force
+        An existing cell log needs one of them. An existing result or figure needs ``force``, except
+        that with ``resume`` the result the log made, and the figures that result lists, are rewritten.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the file, and the parameter that would allow it.
+    """
+    out = Path(out)
+    log = cell_log_path(out)
+    check_writable_dir(out.parent if str(out.parent) else Path("."))
+    if log.exists() and not (resume or force):
+        raise HeadprobeError(f"{log}: a cell log already exists; pass {param('resume', True)} to continue it or "
+                             f"{param('force', True)} to start over")
+    LogLock(log).release()        # refused here if another run writes to the log
+    if force:
+        return
+    own = result_made_by_log(out, log) if resume else None
+    if own is None:
+        check_overwrite(out, False, hint="or write elsewhere" + (f" (it was not made from {log})" if resume else ""))
+    mine = listed_figures(own, out) if own is not None else set()
+    for figure in figures:
+        if Path(figure).resolve() not in mine:
+            check_overwrite(figure, False, hint="or write the figure elsewhere")
 
 
 def cell_id(setting: EvalSetting, length: int, depth: float | None) -> str:
@@ -65,27 +142,39 @@ class CellLog:
         What a resumed run must share with the one that wrote the log (items, grid, generation options);
         the model fingerprint, the task, the settings and the headprobe version are added here.
     resume, force
-        Continue an existing log with the same settings, or start over.
+        Continue an existing log with the same settings, or start over (the old log and result stay
+        until the first new cells are logged).
+    figures
+        The figures the caller writes from the result; the result lists them (``figures``), so that a
+        resumed run may rewrite them.
 
     Raises
     ------
     HeadprobeError
-        A log exists and neither ``resume`` nor ``force`` is given, or it was made with other settings.
+        An existing output the run may not replace (:func:`check_eval_outputs`), a log made with other
+        settings, or a log another run writes to.
+
+    Notes
+    -----
+    :meth:`finish` closes the log; a run that stops early closes it with :meth:`close` (or uses the
+    object as a context manager).
     """
 
     def __init__(self, lm: Any, out: str | Path, task: dict[str, Any], grid: dict[str, Any],
                  settings: list[EvalSetting], log_settings: dict[str, Any], resume: bool = False,
-                 force: bool = False) -> None:
+                 force: bool = False, figures: Sequence[str | Path] = ()) -> None:
         from .. import __version__
 
         self.out = Path(out)
+        check_eval_outputs(out, figures, resume=resume, force=force)
         header = {"model": lm.identity.fingerprint, "task": task, "settings": [s.to_json() for s in settings],
                   **log_settings, "headprobe_version": __version__}
         self.log = TrialLog(cell_log_path(out), header, resume=resume, force=force)
+        extra = {"figures": figure_names(out, figures)} if figures else {}
         self.result = EvalResult(model=lm.identity.to_json(), task=task, grid=grid,
                                  settings=[s.to_json() for s in settings], cells=[],
                                  created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                                 headprobe_version=__version__)
+                                 headprobe_version=__version__, extra=extra)
 
     def resumed(self, cell: str) -> bool:
         """Whether the cell ``cell`` (a :func:`cell_id`) is finished in the log; if so it joins the result."""
@@ -102,7 +191,18 @@ class CellLog:
         self.result.save(self.out)
 
     def finish(self) -> EvalResult:
-        """Mark the result complete and write it."""
+        """Mark the result complete, write it and close the log."""
         self.result.complete = True
         self.result.save(self.out)
+        self.log.close()
         return self.result
+
+    def close(self, finished: bool = False) -> None:
+        """Close the log (release its lock); see :meth:`TrialLog.close`."""
+        self.log.close(finished=finished)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(finished=exc_type is None)

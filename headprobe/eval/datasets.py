@@ -3,7 +3,7 @@ answered under each setting and scored by LongBench's QA token-F1."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -120,18 +120,23 @@ def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template:
 def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
                      max_length: int = 4000, max_new_tokens: int = 32, dataset_name: str = "<dataset>",
                      chat_template: bool = True, resume: bool = False, force: bool = False,
-                     progress: Callable[[int], None] | None = None) -> EvalResult:
+                     progress: Callable[[int], None] | None = None,
+                     figures: Sequence[str | Path] = ()) -> EvalResult:
     """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
 
     Each answer is generated and measured like a grid trial (:func:`~headprobe.eval.setting_run.run_setting`),
     and the cells are logged the grid's way (:class:`~headprobe.eval.cell_log.CellLog`): a cell is logged
     as soon as its setting has answered every example, and a resumed run skips the settings already logged.
 
+    Outputs are handled as in :func:`~headprobe.eval.runner.run_eval` (``figures``: the figures the
+    caller draws from the result).
+
     Raises
     ------
     HeadprobeError
         A setting that does not fit the model, a ``max_length`` too short for a question, an existing log
-        without ``resume``/``force``, or a log made with other settings.
+        without ``resume``/``force``, an existing result or figure the run may not replace, a log made
+        with other settings, or a log another run writes to.
     """
     from .runner import resolve_budgets
 
@@ -141,18 +146,20 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
             "max_length": max_length}
     cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
                     {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens},
-                    resume=resume, force=force)
-    for s in settings:
-        if cells.resumed(cell_id(s, max_length, None)):
-            if progress:
-                progress(len(examples))
-            continue
-        trials = []
-        for ex, ids in zip(examples, prompts):
-            run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens)
-            trials.append({"item": ex.id, "prompt_len": len(ids), "response": run.text, "gold": list(ex.answers),
-                           "score": score_answer(run.text, list(ex.answers), "f1"), **run.measurements()})
-            if progress:
-                progress(1)
-        cells.add([cell_record(s, max_length, None, trials)])
-    return cells.finish()
+                    resume=resume, force=force, figures=figures)
+    with cells:
+        for s in settings:
+            if cells.resumed(cell_id(s, max_length, None)):
+                if progress:
+                    progress(len(examples))
+                continue
+            trials = []
+            for ex, ids in zip(examples, prompts):
+                run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens)
+                trials.append({"item": ex.id, "prompt_len": len(ids), "response": run.text,
+                               "gold": list(ex.answers), "score": score_answer(run.text, list(ex.answers), "f1"),
+                               **run.measurements()})
+                if progress:
+                    progress(1)
+            cells.add([cell_record(s, max_length, None, trials)])
+        return cells.finish()

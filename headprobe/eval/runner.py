@@ -10,7 +10,7 @@ finished cell and never redoes one.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -171,13 +171,14 @@ def check_request(request: EvalRequest) -> None:
 
 
 def open_cell_log(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False,
-                  force: bool = False) -> CellLog:
+                  force: bool = False, figures: Sequence[str | Path] = ()) -> CellLog:
     """The grid's :class:`~headprobe.eval.cell_log.CellLog`, with what a resumed grid must share."""
     log_settings = {"haystack": request.haystack.fingerprint, "items": [i.id for i in request.items],
                     "lengths": list(request.lengths), "depths": list(request.depths),
                     "max_new_tokens": request.max_new_tokens, "chat_template": request.chat_template}
     grid = {"lengths": list(request.lengths), "depths": list(request.depths)}
-    return CellLog(lm, out, request.task, grid, request.settings, log_settings, resume=resume, force=force)
+    return CellLog(lm, out, request.task, grid, request.settings, log_settings, resume=resume, force=force,
+                   figures=figures)
 
 
 def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings: list[EvalSetting],
@@ -221,7 +222,7 @@ def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings
 
 
 def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False, force: bool = False,
-             progress: Callable[[int], None] | None = None) -> EvalResult:
+             progress: Callable[[int], None] | None = None, figures: Sequence[str | Path] = ()) -> EvalResult:
     """Run the grid and write ``out`` (result JSON) and its cell log.
 
     Parameters
@@ -233,26 +234,31 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
     out
         The result JSON path; the cell log sits beside it (``<stem>.cells.jsonl``).
     resume, force
-        Continue an existing cell log (same settings), or start over.
+        Continue an existing cell log (same settings), or start over. With ``force`` the old log and
+        result are replaced only once the first new cells are logged.
     progress
         Called with the number of trials just finished (or found finished in the log).
+    figures
+        Figures the caller will draw from the result: listed in it, checked like ``out``
+        (:func:`~headprobe.eval.cell_log.check_eval_outputs`).
 
     Raises
     ------
     HeadprobeError
         Settings that do not fit the model, lengths beyond its context or the haystack, an existing log
-        without ``resume``/``force``, or a log made with other settings.
+        without ``resume``/``force``, an existing result or figure the run may not replace, a log made
+        with other settings, or a log another run writes to.
     """
     check_request(request)
     budgets = resolve_budgets(lm, request.settings, request.profile_dirs)
     prompts = GridPrompts(lm, request)
     prompts.check_lengths()
-    cells = open_cell_log(lm, request, out, resume=resume, force=force)
-    for length in request.lengths:
-        for depth in request.depths:
-            todo = [s for s in request.settings if not cells.resumed(cell_id(s, length, depth))]
-            if progress and len(todo) < len(request.settings):
-                progress(len(request.items) * (len(request.settings) - len(todo)))
-            if todo:
-                cells.add(run_cell_group(lm, request, prompts, todo, budgets, length, depth, progress))
-    return cells.finish()
+    with open_cell_log(lm, request, out, resume=resume, force=force, figures=figures) as cells:
+        for length in request.lengths:
+            for depth in request.depths:
+                todo = [s for s in request.settings if not cells.resumed(cell_id(s, length, depth))]
+                if progress and len(todo) < len(request.settings):
+                    progress(len(request.items) * (len(request.settings) - len(todo)))
+                if todo:
+                    cells.add(run_cell_group(lm, request, prompts, todo, budgets, length, depth, progress))
+        return cells.finish()

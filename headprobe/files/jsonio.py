@@ -2,7 +2,9 @@
 
 Every headprobe file is a JSON object with ``format`` (e.g. ``"headprobe.profile"``) and ``version``
 (an integer). Files are written to a temporary file in the same directory and renamed into place, so
-a reader never sees half a file and an interrupted write never destroys the previous one.
+a reader never sees half a file and an interrupted write never destroys the previous one. The temporary
+file is created with the permissions of any new file (``0o666`` less the umask), so what is renamed into
+place is as readable as a file the user would have created (``tempfile.mkstemp`` would make it ``0o600``).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import hashlib
 import json
 import math
 import os
+import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -18,36 +21,37 @@ from typing import Any
 from ..errors import FileFormatError, HeadprobeError
 
 
-def current_umask() -> int:
-    """The process's file-creation mask (read from ``/proc`` where it can be, without changing it)."""
-    try:
-        with open("/proc/self/status", encoding="ascii") as handle:
-            for line in handle:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)  # no /proc: read it by setting it, and put it back at once
-    os.umask(mask)
-    return mask
+def create_temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
+    """Create a new, empty temporary file in ``path``'s folder (made if missing): ``(fd, temp_path)``.
 
+    Unlike ``tempfile.mkstemp`` (mode ``0o600``), the file gets the mode of any new file, ``0o666`` less
+    the process umask, so a file renamed from it onto ``path`` has the permissions the user expects.
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename).
-
-    The file gets the mode a plain ``open(path, "w")`` would give it (``0666`` less the umask, e.g.
-    ``0644``), not the ``0600`` of a temporary file, so other users and serving processes can read it.
+    Raises
+    ------
+    HeadprobeError
+        When the folder cannot be created or written.
     """
     path = Path(path)
     parent = path.parent if str(path.parent) else Path(".")
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
+        while True:
+            tmp = parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
+            try:
+                return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
+            except FileExistsError:
+                continue
     except OSError as exc:
         raise HeadprobeError(f"{parent}: output directory is not writable ({exc.strerror})") from exc
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
+    path = Path(path)
+    fd, tmp = create_temp_beside(path)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            os.fchmod(handle.fileno(), 0o666 & ~current_umask())
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())

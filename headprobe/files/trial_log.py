@@ -3,54 +3,100 @@
 The first line is a header ``{"format": "headprobe.trials", "version": 1, "settings": {...}}``. A run
 that is interrupted (Ctrl-C, a crash, a killed machine) leaves every finished trial on disk; resuming
 reads the log, drops a torn last line, checks that the settings match and skips the finished trials.
+
+Nothing is written before the first trial finishes: a run that fails before then leaves no log (or, when
+it was to replace one, the old log as it was). The new log's header and first trial then replace the
+old log in one rename. While a log is open, :class:`~headprobe.files.log_lock.LogLock` keeps every other
+run from writing to it.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import jsonlines
-
 from ..errors import FileFormatError, HeadprobeError, param
+from .jsonio import create_temp_beside
+from .log_lock import LogLock
 
 LOG_FORMAT = "headprobe.trials"
 LOG_VERSION = 1
 
+#: Settings that may change between an interrupted run and its resumption (and between shards).
+_RESUME_FREE = {"batch_size", "shard", "device", "headprobe_version"}
+#: Keys of a file reference (``{"path", "fingerprint", ...}``) that say where the file was, not what it held.
+_LOCATION_KEYS = {"path", "name", "shipped"}
 
-def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Read a trial log: ``(settings, trials)``. A torn (incomplete) last line is ignored."""
+
+def read_log_records(path: str | Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
+    """Read a trial log: ``(settings, [(line number, trial), ...])``. A torn last line is ignored.
+
+    Raises
+    ------
+    HeadprobeError
+        No such file.
+    FileFormatError
+        No header, a newer format version, a line that is not JSON (other than a torn last one), or a
+        trial without an id, naming the file and line.
+    """
     path = Path(path)
     try:
         lines = path.read_text(encoding="utf-8").split("\n")
     except FileNotFoundError as exc:
         raise HeadprobeError(f"{path}: no such trial log") from exc
-    records = []
+    records: list[tuple[int, Any]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
+            records.append((number, json.loads(line)))
         except json.JSONDecodeError as exc:
             if number >= len(lines) - 1:  # torn last line of an interrupted write
                 break
             raise FileFormatError(f"{path}:{number}", None, f"not valid JSON ({exc.msg})") from exc
-    if not records or records[0].get("format") != LOG_FORMAT:
+    header = records[0][1] if records else None
+    if not isinstance(header, dict) or header.get("format") != LOG_FORMAT:
         raise FileFormatError(path, "format", f"expected a '{LOG_FORMAT}' header on the first line")
-    if records[0].get("version", 0) > LOG_VERSION:
+    if header.get("version", 0) > LOG_VERSION:
         raise FileFormatError(path, "version", f"newer than this headprobe reads (up to {LOG_VERSION})")
-    trials = records[1:]
-    for i, trial in enumerate(trials, start=2):
-        if "trial" not in trial:
-            raise FileFormatError(f"{path}:{i}", "trial", "missing trial id")
-    return records[0]["settings"], trials
+    if not isinstance(header.get("settings"), dict):
+        raise FileFormatError(path, "settings", "expected the run's settings (an object) in the header")
+    for number, trial in records[1:]:
+        if not isinstance(trial, dict):
+            raise FileFormatError(f"{path}:{number}", None, "expected one JSON object a line")
+        if not isinstance(trial.get("trial"), str):
+            raise FileFormatError(f"{path}:{number}", "trial", "missing trial id")
+    return header["settings"], records[1:]
+
+
+def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read a trial log: ``(settings, trials)``. A torn (incomplete) last line is ignored."""
+    settings, records = read_log_records(path)
+    return settings, [r for _, r in records]
+
+
+def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """The settings two runs must share but do not, sorted by name.
+
+    Settings in ``_RESUME_FREE`` may differ; a file reference (an object with a ``fingerprint``) is
+    compared by what the file held, not by where it lay, so a log made in another folder or on another
+    machine with the same needle file still matches.
+    """
+    def comparable(value: Any) -> Any:
+        if isinstance(value, dict) and "fingerprint" in value:
+            return {k: v for k, v in value.items() if k not in _LOCATION_KEYS}
+        return value
+
+    return sorted(k for k in set(old) | set(new)
+                  if k not in _RESUME_FREE and comparable(old.get(k)) != comparable(new.get(k)))
 
 
 class TrialLog:
-    """Append-only trial log.
+    """Append-only trial log, locked against other writers while open.
 
     Parameters
     ----------
@@ -61,51 +107,126 @@ class TrialLog:
     resume
         Continue an existing log (its settings must match) instead of refusing to overwrite it.
     force
-        Start over, replacing an existing log.
+        Start over, replacing an existing log. The old log stays as it is until the first trial of the
+        new run is appended.
+
+    Raises
+    ------
+    HeadprobeError
+        An existing log without ``resume`` or ``force``, a log made with other settings, or a log that
+        another run holds open.
+
+    Notes
+    -----
+    Close the log (:meth:`close`, or use it as a context manager) when the run ends: that releases the
+    lock and, for a run that finished without a single trial, writes the header alone.
     """
 
     def __init__(self, path: str | Path, settings: dict[str, Any], resume: bool = False, force: bool = False):
         self.path = Path(path)
         self.settings = settings
         self.done: dict[str, dict[str, Any]] = {}
-        if self.path.exists() and not force:
+        #: ``"file:line"`` of each trial read from an existing log (for messages about it).
+        self.where: dict[str, str] = {}
+        continuing = self.path.exists() and not force
+        if continuing:
             if not resume:
                 raise HeadprobeError(
                     f"{self.path}: a trial log already exists; pass {param('resume', True)} to continue it or "
                     f"{param('force', True)} to start over"
                 )
-            old_settings, trials = read_log(self.path)
-            diff = sorted(k for k in set(old_settings) | set(settings)
-                          if k not in _RESUME_FREE and old_settings.get(k) != settings.get(k))
-            if diff:
-                raise HeadprobeError(
-                    f"{self.path}: cannot resume, the log was made with other settings ({', '.join(diff)}); "
-                    f"write the log elsewhere or pass {param('force', True)} to start over"
-                )
-            self._rewrite_clean(old_settings, trials)
-            self.done = {t["trial"]: t for t in trials}
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            with jsonlines.open(self.path, mode="w") as writer:
-                writer.write({"format": LOG_FORMAT, "version": LOG_VERSION, "settings": settings})
+            self._check_settings(read_log_records(self.path)[0])
+        self._lock = LogLock(self.path)
+        try:
+            self._on_disk = False
+            if continuing:
+                old_settings, numbered = read_log_records(self.path)   # again, now that no one else writes
+                self._check_settings(old_settings)
+                kept = self._dedupe(numbered)
+                trials = [t for _, t in kept]
+                if self._rewrite_clean(old_settings, trials):
+                    kept = [(i, t) for i, t in enumerate(trials, start=2)]
+                self.done = {t["trial"]: t for t in trials}
+                self.where = {t["trial"]: f"{self.path}:{number}" for number, t in kept}
+                self._on_disk = True
+        except BaseException:
+            self._lock.release()
+            raise
 
-    def _rewrite_clean(self, settings: dict[str, Any], trials: list[dict[str, Any]]) -> None:
-        """Drop a torn last line so appends start on a fresh line."""
+    def _check_settings(self, old_settings: dict[str, Any]) -> None:
+        diff = settings_diff(old_settings, self.settings)
+        if diff:
+            raise HeadprobeError(
+                f"{self.path}: cannot resume, the log was made with other settings ({', '.join(diff)}); "
+                f"write the log elsewhere or pass {param('force', True)} to start over"
+            )
+
+    def _dedupe(self, numbered: list[tuple[int, dict[str, Any]]]) -> list[tuple[int, dict[str, Any]]]:
+        """The first record of each trial id; a log written by two runs at once held some twice."""
+        first: dict[str, tuple[int, dict[str, Any]]] = {}
+        for number, t in numbered:
+            first.setdefault(t["trial"], (number, t))
+        dropped = len(numbered) - len(first)
+        if dropped:
+            warnings.warn(f"{self.path}: {dropped} duplicate trial record(s) dropped (the first record of each "
+                          "trial is kept)", RuntimeWarning, stacklevel=4)
+        return list(first.values())
+
+    def _replace_with(self, lines: list[str]) -> None:
+        """Write ``lines`` to a new file beside the log and rename it onto the log."""
+        fd, tmp = create_temp_beside(self.path)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                handle.writelines(lines)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            tmp.unlink(missing_ok=True)
+            raise
+
+    def _header_line(self, settings: dict[str, Any]) -> str:
+        return _line({"format": LOG_FORMAT, "version": LOG_VERSION, "settings": settings})
+
+    def _rewrite_clean(self, settings: dict[str, Any], trials: list[dict[str, Any]]) -> bool:
+        """Drop a torn last line (and duplicate records) so appends start on a fresh line; whether it did."""
         text = self.path.read_text(encoding="utf-8")
         if text and not text.endswith("\n") or text.count("\n") != len(trials) + 1:
-            tmp = self.path.with_suffix(self.path.suffix + ".tmp")
-            with jsonlines.open(tmp, mode="w") as writer:
-                writer.write({"format": LOG_FORMAT, "version": LOG_VERSION, "settings": settings})
-                writer.write_all(trials)
-            os.replace(tmp, self.path)
+            self._replace_with([self._header_line(settings)] + [_line(t) for t in trials])
+            return True
+        return False
 
     def append(self, record: dict[str, Any]) -> None:
-        """Append one finished trial and flush it to disk."""
-        with open(self.path, "a", encoding="utf-8") as handle:
-            handle.write(json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n")
-            handle.flush()
-            os.fsync(handle.fileno())
+        """Append one finished trial and flush it to disk (the first one also writes the header)."""
+        if not self._lock.held:
+            raise HeadprobeError(f"{self.path}: the log is closed")
+        if not self._on_disk:
+            self._replace_with([self._header_line(self.settings), _line(record)])
+            self._on_disk = True
+        else:
+            with open(self.path, "a", encoding="utf-8") as handle:
+                handle.write(_line(record))
+                handle.flush()
+                os.fsync(handle.fileno())
         self.done[record["trial"]] = record
+
+    def close(self, finished: bool = True) -> None:
+        """Release the lock. ``finished``: the run ended normally, so a log still without a trial is
+        written with its header alone (a run that failed leaves no log, or the old one)."""
+        if not self._lock.held:
+            return
+        try:
+            if finished and not self._on_disk:
+                self._replace_with([self._header_line(self.settings)])
+                self._on_disk = True
+        finally:
+            self._lock.release()
+
+    def __enter__(self):  # -> Self (typing.Self needs Python 3.11)
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(finished=exc_type is None)
 
     def __contains__(self, trial_id: str) -> bool:
         return trial_id in self.done
@@ -114,5 +235,5 @@ class TrialLog:
         return iter(self.done.values())
 
 
-#: Settings that may change between an interrupted run and its resumption.
-_RESUME_FREE = {"batch_size", "shard", "device", "headprobe_version"}
+def _line(record: dict[str, Any]) -> str:
+    return json.dumps(record, ensure_ascii=False, allow_nan=False) + "\n"

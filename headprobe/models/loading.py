@@ -6,6 +6,7 @@ user cache (``headprobe.paths.cache_dir()/models``), so every later load takes a
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import json
@@ -13,6 +14,7 @@ import os
 import shutil
 import tempfile
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -160,7 +162,8 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         kwargs["trust_remote_code"] = True
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+        with quiet_weight_loading():
+            hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except OSError as exc:
         raise HeadprobeError(f"{param('model', model)}: cannot load ({str(exc).splitlines()[0]})") from exc
     hf_model.eval()
@@ -173,6 +176,34 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     if not asked_for_cpu:
         _warn_if_large_on_cpu(torch, loaded)
     return loaded
+
+
+@contextlib.contextmanager
+def quiet_weight_loading() -> Iterator[None]:
+    """Inside the block, transformers' own progress bars ("Loading weights", which takes well under a
+    second for a model on local disk) are not drawn, so that a command shows one bar, for its own long
+    job. Downloads keep their bars: they are drawn by huggingface_hub, not by transformers.
+
+    Uses transformers' progress-bar API: a tqdm hook (``transformers.utils.logging.set_tqdm_hook``)
+    that creates disabled bars, where this transformers has it, else ``disable_progress_bar`` (which
+    also hides download bars); the previous state is restored on leaving.
+    """
+    from transformers.utils import logging as hf_logging
+
+    if hasattr(hf_logging, "set_tqdm_hook"):
+        previous = hf_logging.set_tqdm_hook(lambda factory, args, kwargs: factory(*args, **{**kwargs, "disable": True}))
+        try:
+            yield
+        finally:
+            hf_logging.set_tqdm_hook(previous)
+        return
+    enabled = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            hf_logging.enable_progress_bar()
 
 
 def _device_for_map(torch: Any, device: str) -> str:

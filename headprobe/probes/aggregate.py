@@ -1,15 +1,23 @@
-"""Turning trial logs into profiles: mean scores over passing trials, per-needle pass rates, merging shards."""
+"""Turning trial logs into profiles: mean scores over passing trials, per-needle pass rates, merging shards.
+
+Every record read from a log is checked before it is averaged (:func:`check_trial_records`): a
+hand-edited, truncated or foreign record is refused in one line naming its file, line and field, instead
+of crashing the merge or yielding a profile that allocation refuses later.
+"""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, NoPassingTrialsError, param
-from ..files.trial_log import _RESUME_FREE, read_log
+from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
+from ..files.trial_log import read_log_records, settings_diff
 from ..models.identity import ModelIdentity
 from ..profile import LayerRetention, Profile, reduce_groups
+from .trial_grid import TrialSpec, make_grid, shard_trials
 
 
 def gate_name(kind: str, settings: dict[str, Any]) -> str:
@@ -77,21 +85,181 @@ def retention_profile(identity: ModelIdentity, settings: dict[str, Any], records
                    retention_settings={k: settings.get(k) for k in keys if k in settings})
 
 
-def merge_logs(paths: list[str | Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """Merge shard logs of one run: settings must agree (shard aside); trials are deduplicated by id."""
+# ---- checking records ----------------------------------------------------------------------------
+
+def score_kinds(settings: dict[str, Any]) -> tuple[str, ...]:
+    """The head-score kinds a needle pass's records carry (and its profiles average)."""
+    kinds = ("retrieval", "enhanced_retrieval") if settings["pass"] == "retrieval" else ("retrieval_reasoning",)
+    return tuple(k for k in kinds if k in settings.get("probes", kinds))
+
+
+def check_trial_records(settings: dict[str, Any], records: Iterable[tuple[str, dict[str, Any]]]) -> None:
+    """Check every ``(where, record)`` of a profiling pass's log before it is averaged.
+
+    ``where`` names the record in messages (``"file:line"``). A needle record needs its id, needle,
+    length, depth and seed (the id must be the one they make), a boolean for the gate its scores are
+    counted under, and for each score kind of the pass a ``[layers][query_heads]`` matrix of finite,
+    non-negative numbers; a layer-retention record needs its task and ``[layers]`` finite, non-negative
+    shares.
+
+    Raises
+    ------
+    FileFormatError
+        Naming the record's place and field.
+    """
+    identity = ModelIdentity.from_json(settings["model"], "<trial log>")
+    layers, heads = identity.num_layers, identity.num_query_heads
+    if settings["pass"] == "layer_retention":
+        for where, r in records:
+            _require(r, "task", str, where)
+            _require_numbers(r.get("retention"), [layers], where, "retention")
+        return
+    kinds = score_kinds(settings)
+    gates = sorted({gate_name(k, settings) for k in kinds})
+    for where, r in records:
+        for key, kind in (("needle", str), ("length", int), ("depth", (int, float)), ("seed", int),
+                          ("gates", dict), ("scores", dict)):
+            _require(r, key, kind, where)
+        expected = TrialSpec(r["length"], r["seed"], r["depth"], r["needle"]).id
+        if r["trial"] != expected:
+            raise FileFormatError(where, "trial", f"expected {expected!r} (from its needle, length, depth and seed), "
+                                  f"found {r['trial']!r}")
+        for gate in gates:
+            if not isinstance(r["gates"].get(gate), bool):
+                raise FileFormatError(where, f"gates.{gate}", f"expected true or false, found {r['gates'].get(gate)!r}")
+        for kind in kinds:
+            _require_numbers(r["scores"].get(kind), [layers, heads], where, f"scores.{kind}")
+
+
+def _require(record: dict[str, Any], key: str, kind: type | tuple, where: str) -> None:
+    value = record.get(key)
+    if value is None or isinstance(value, bool) or not isinstance(value, kind):
+        names = {str: "a string", int: "an integer", dict: "an object", (int, float): "a number"}
+        raise FileFormatError(where, key, f"expected {names.get(kind, 'a value')}, found {value!r}")
+
+
+def _require_numbers(value: Any, shape: list[int], where: str, name: str) -> None:
+    """``value`` is a nested list of ``shape`` holding finite numbers >= 0."""
+    if len(shape) > 1:
+        if not isinstance(value, list) or len(value) != shape[0]:
+            found = f"{len(value)} rows" if isinstance(value, list) else repr(value)[:40]
+            raise FileFormatError(where, name, f"expected {shape[0]} rows (one per layer), found {found}")
+        for i, row in enumerate(value):
+            _require_numbers(row, shape[1:], where, f"{name}[{i}]")
+        return
+    if not isinstance(value, list) or len(value) != shape[0]:
+        found = f"{len(value)} values" if isinstance(value, list) else repr(value)[:40]
+        raise FileFormatError(where, name, f"expected {shape[0]} values, found {found}")
+    for j, x in enumerate(value):
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
+            raise FileFormatError(where, f"{name}[{j}]", f"expected a finite number >= 0, found {x!r}")
+
+
+# ---- merging shard logs --------------------------------------------------------------------------
+
+@dataclass
+class MergedLogs:
+    """Shard logs of one pass, merged.
+
+    Attributes
+    ----------
+    settings
+        The first log's settings (``shard`` set to ``None``).
+    records
+        Every trial once (the first record of an id), sorted by id.
+    missing
+        How many trials of the grid the settings describe no log holds.
+    missing_ids
+        Their ids (needle passes; layer-retention logs do not name their samples in the settings).
+    shards
+        The ``[i, n]`` of each log that recorded one.
+    """
+
+    settings: dict[str, Any]
+    records: list[dict[str, Any]]
+    missing: int
+    missing_ids: list[str]
+    shards: list[list[int]]
+
+
+def expected_trials(settings: dict[str, Any]) -> list[TrialSpec]:
+    """The trial grid a needle pass's settings describe (needles × lengths × depths × seeds)."""
+    return make_grid(list(settings["needle_set"]["ids"]), list(settings["lengths"]), list(settings["depths"]),
+                     list(settings["seeds"]))
+
+
+def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLogs:
+    """Merge the shard logs of one pass: settings must agree (shard aside), every record must be sound
+    (:func:`check_trial_records`), and together the logs must hold the whole grid the settings describe.
+
+    Parameters
+    ----------
+    allow_partial
+        Merge even when trials of the grid are missing (a shard not given, or not finished); the
+        profile then says how many (``trials.missing``).
+
+    Raises
+    ------
+    HeadprobeError
+        No logs, settings that differ, a record outside the grid, or missing trials without
+        ``allow_partial`` (naming the shards that hold them and the first few ids).
+    FileFormatError
+        A record that is not sound, naming its file, line and field.
+    """
     if not paths:
         raise HeadprobeError("merge: no trial logs given")
-    settings, records = read_log(paths[0])
-    merged = {r["trial"]: r for r in records}
-    for path in paths[1:]:
-        other, more = read_log(path)
-        diff = sorted(k for k in set(settings) | set(other)
-                      if k not in _RESUME_FREE and settings.get(k) != other.get(k))
+    settings, _ = read_log_records(paths[0])
+    merged: dict[str, dict[str, Any]] = {}
+    where_of: dict[str, str] = {}
+    shards: list[list[int]] = []
+    for path in paths:
+        other, numbered = read_log_records(path)
+        diff = settings_diff(settings, other)
         if diff:
             raise HeadprobeError(f"{path}: made with other settings than {paths[0]} ({', '.join(diff)})")
-        for r in more:
-            merged.setdefault(r["trial"], r)
-    return settings, sorted(merged.values(), key=lambda r: r["trial"])
+        if other.get("shard"):
+            shards.append(list(other["shard"]))
+        located = [(f"{path}:{number}", r) for number, r in numbered]
+        check_trial_records(settings, located)
+        for where, r in located:
+            if r["trial"] not in merged:
+                merged[r["trial"]] = r
+                where_of[r["trial"]] = where
+    missing_ids: list[str] = []
+    if settings["pass"] == "layer_retention":
+        missing = max(0, int(settings.get("samples", len(merged))) - len(merged))
+        what = f"{missing} of {settings.get('samples')} layer-retention samples are missing"
+    else:
+        grid = expected_trials(settings)
+        ids = {t.id for t in grid}
+        for trial, where in where_of.items():
+            if trial not in ids:
+                raise FileFormatError(where, "trial", f"{trial!r} is not in the grid of the log's settings")
+        missing_ids = [t.id for t in grid if t.id not in merged]
+        missing = len(missing_ids)
+        what = f"{missing} of {len(grid)} trials of the grid are missing" + _missing_shards(grid, missing_ids, shards)
+    if missing and not allow_partial:
+        raise HeadprobeError(f"merge: {what}; give every shard's log (finish unfinished shards with "
+                             f"{param('resume', True)}) or pass {param('allow_partial', True)} to merge what is there")
+    return MergedLogs({**settings, "shard": None}, sorted(merged.values(), key=lambda r: r["trial"]), missing,
+                      missing_ids, shards)
+
+
+def _missing_shards(grid: list[TrialSpec], missing: list[str], shards: list[list[int]]) -> str:
+    """``" (shards 1/4, 3/4 not given; first: r01|len=...)"``: where the missing trials are."""
+    if not missing:
+        return ""
+    counts = {n for _, n in shards}
+    parts = []
+    if len(counts) == 1:
+        n = counts.pop()
+        given, lacking = {i for i, _ in shards}, set(missing)
+        absent = [f"{i}/{n}" for i in range(n) if i not in given and
+                  any(t.id in lacking for t in shard_trials(grid, (i, n)))]
+        if absent:
+            parts.append(f"shard{'s' if len(absent) > 1 else ''} {', '.join(absent)} not given")
+    parts.append(f"first: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}")
+    return f" ({'; '.join(parts)})"
 
 
 def profiles_from_log(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[Profile]:
@@ -100,10 +268,8 @@ def profiles_from_log(settings: dict[str, Any], records: list[dict[str, Any]]) -
     reduction = settings.get("group_reduction", "mean")
     if settings["pass"] == "layer_retention":
         return [retention_profile(identity, settings, records)]
-    kinds = ("retrieval", "enhanced_retrieval") if settings["pass"] == "retrieval" else ("retrieval_reasoning",)
-    wanted = [k for k in kinds if k in settings.get("probes", kinds)]
     profiles, failures = [], []
-    for kind in wanted:
+    for kind in score_kinds(settings):
         try:
             profiles.append(needle_profile(kind, identity, settings, records, reduction))
         except NoPassingTrialsError as exc:

@@ -86,6 +86,10 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
 
     Each finished batch's records go to ``on_trial`` (with the batch's time per trial, the prefix's share
     included) before the next batch starts.
+
+    The prefix's KV comes from one forward over the whole needle-free prompt of this length, whichever
+    trials are left to run: a forward over fewer tokens gives the same KV only up to float rounding, so a
+    resumed or sharded run would otherwise score its trials a rounding step away from a whole run's.
     """
     tok = loaded.tokenizer
     max_context = loaded.identity.max_context
@@ -95,7 +99,7 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
                 for s in specs]
     shared = [min(common_prefix_length(base.input_ids, c.input_ids), c.needle_span[0], c.length - 1)
               for c in contexts]
-    base_cache = prefix_cache(loaded.model, base.input_ids[:max(shared)], loaded.device)
+    base_cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
     base_seconds = (time.perf_counter() - group_start) / len(specs)
     for members in depth_batches(specs, shared, config.batch_size):
         started = time.perf_counter()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -9,13 +11,17 @@ from typing import Any
 
 from ..errors import HeadprobeError, NoPassingTrialsError, param
 from ..files.jsonio import check_writable_dir
-from ..files.trial_log import TrialLog
+from ..files.log_lock import LogLock
+from ..files.overwrite import check_overwrite
+from ..files.trial_log import TrialLog, read_log_records, settings_diff
+from ..haystack.context import build_context
 from ..haystack.corpus import Haystack, load_haystack
 from ..haystack.needles import Needle, load_needles, needle_set_fingerprint, shipped_needle_file
 from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
+from ..paths import haystacks_dir
 from ..profile import Profile
-from .aggregate import profiles_from_log
+from .aggregate import check_trial_records, merge_logs, profiles_from_log
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
 from .trial_grid import TrialSpec, make_grid, shard_trials
@@ -103,50 +109,164 @@ def _haystack_for_seed(base: Haystack, seed: int) -> Haystack:
 
 
 @dataclass
-class _Run:
-    """What the passes of one run share; each pass adds its trial counts to ``result``."""
+class ProfileOutputs:
+    """The files a profiling run writes, by name (none of them need exist yet).
 
-    loaded: Any
-    request: ProfileRequest
-    common: dict[str, Any]
-    stem: str
-    progress: ProgressFactory | None
-    result: ProfileResult
+    Attributes
+    ----------
+    out_dir
+        The folder they go in.
+    logs
+        Pass name → its trial log (``<stem>.<pass>[.shard<i>of<n>].trials.jsonl``).
+    profiles
+        Profile kind → its profile (``<stem>.<kind>.json``); empty for a shard run, which writes logs only.
+    """
+
+    out_dir: Path
+    logs: dict[str, Path]
+    profiles: dict[str, Path]
+
+
+def profile_stem(request: ProfileRequest, model_name: str) -> str:
+    """File-name stem of a run's logs and profiles: ``request.name``, else the model's slug."""
+    return request.name or model_slug(model_name)
+
+
+def profile_outputs(request: ProfileRequest, model_name: str) -> ProfileOutputs:
+    """The logs and profiles a run of ``request`` on the model named ``model_name`` writes."""
+    out_dir = Path(request.out_dir)
+    stem = profile_stem(request, model_name)
+    shard_suffix = f".shard{request.shard[0]}of{request.shard[1]}" if request.shard else ""
+    logs = {p: out_dir / f"{stem}.{p}{shard_suffix}.trials.jsonl" for p in probe_passes(request.probes)}
+    profiles = {} if request.shard else {k: out_dir / f"{stem}.{k}.json" for k in request.probes}
+    return ProfileOutputs(out_dir, logs, profiles)
+
+
+def check_profile_run(request: ProfileRequest, model_name: str) -> ProfileOutputs:
+    """Refuse a run before its model loads: unknown probes or modes, a grid of impossible values, needle
+    ids or task types that do not exist, an output folder that cannot be written, an output that the
+    run would replace, and a log that another run holds.
+
+    An existing trial log needs ``resume`` (continue it) or ``force`` (start over); an existing profile
+    needs ``force``, except that with ``resume`` a run may rewrite the profile its own log made (the
+    profile's probe settings are the log's). Called by :func:`run_profile`; call it yourself to refuse
+    before loading the model (the command line does).
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the parameter or the file.
+    """
+    check_request(request)
+    for kind in ("retrieval", "reasoning"):
+        if kind in probe_passes(request.probes):
+            resolve_needles(request, kind)
+    if "layer_retention" in request.probes:
+        load_tasks(request.tasks, samples_per_task=request.samples_per_task)
+    outputs = profile_outputs(request, model_name)
+    check_writable_dir(outputs.out_dir)
+    for log in outputs.logs.values():
+        if log.exists() and not (request.resume or request.force):
+            raise HeadprobeError(f"{log}: a trial log already exists; pass {param('resume', True)} to continue it "
+                                 f"or {param('force', True)} to start over")
+        LogLock(log).release()       # refused here if another run writes to it
+    for kind, path in outputs.profiles.items():
+        if path.exists() and not request.force:
+            log = outputs.logs[PASSES[kind]]
+            if not (request.resume and profile_made_by_log(path, log)):
+                check_overwrite(path, False, hint=f"or choose another {param('out_dir')}"
+                                + ("" if not request.resume else f" (it was not made from {log})"))
+    return outputs
+
+
+def profile_made_by_log(profile_path: Path, log_path: Path) -> bool:
+    """Whether the profile at ``profile_path`` was made from the trial log at ``log_path``: its probe
+    settings are the log's (shard, batch size, device and version aside)."""
+    if not log_path.exists():
+        return False
+    try:
+        settings, _ = read_log_records(log_path)
+        probe = Profile.load(profile_path).probe
+    except (HeadprobeError, OSError):
+        return False
+    ours = {k: v for k, v in settings.items() if k != "probes"}
+    return not settings_diff(ours, {k: v for k, v in probe.items() if k != "kind"})
 
 
 def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | None = None,
                 version: str = "") -> ProfileResult:
     """Run the requested probes on a loaded model; append trials to logs; write profiles.
 
-    Each pass (retrieval, reasoning, layer_retention) has its own trial log; a pass whose trials all
-    fail their gate is reported in ``failures`` and the other passes still run. With ``request.shard``
-    set only the logs are written (merge them with :func:`merge_profile_logs`).
+    Before any trial runs and before any log is written, everything is checked
+    (:func:`check_profile_run`, then :func:`check_grid` with the model's tokenizer and context). Each pass
+    (retrieval, reasoning, layer_retention) has its own trial log; a pass whose trials all fail their gate
+    is reported in ``failures`` and the other passes still run. With ``request.shard`` set only the logs
+    are written (merge them with :func:`merge_profile_logs`).
     """
-    check_request(request)
-    out_dir = check_writable_dir(request.out_dir)
-    stem = request.name or model_slug(loaded.identity.name)
-    shard_suffix = f".shard{request.shard[0]}of{request.shard[1]}" if request.shard else ""
+    outputs = check_profile_run(request, loaded.identity.name)
     base_haystack = load_haystack(request.haystack)
-    run = _Run(loaded, request, common_settings(loaded, request, version), stem, progress, ProfileResult([], [], 0, 0))
-    for pass_name in probe_passes(request.probes):
-        log_path = out_dir / f"{stem}.{pass_name}{shard_suffix}.trials.jsonl"
-        if pass_name == "layer_retention":
-            log = _retention_pass(run, log_path)
-        else:
-            log = _needle_pass(run, pass_name, base_haystack, log_path)
-        run.result.logs.append(log_path)
+    common = common_settings(loaded, request, version)
+    plans = [_plan_pass(loaded, request, common, p, base_haystack) for p in outputs.logs]
+    result = ProfileResult([], [], 0, 0)
+    stem = profile_stem(request, loaded.identity.name)
+    for plan in plans:
+        log_path = outputs.logs[plan.name]
+        with TrialLog(log_path, plan.settings, resume=request.resume, force=request.force) as log:
+            if log.where:
+                check_trial_records(log.settings, [(log.where[t], r) for t, r in log.done.items()])
+            if plan.name == "layer_retention":
+                _retention_pass(loaded, request, plan, log, stem, progress, result)
+            else:
+                _needle_pass(loaded, request, plan, log, stem, progress, result)
+        result.logs.append(log_path)
         if request.shard is None:
-            _write_profiles(log, out_dir, stem, run.result)
-    return run.result
+            _write_profiles(log, outputs, result)
+    return result
 
 
 def check_request(request: ProfileRequest) -> None:
-    """Refuse unknown probes and modes before any work starts."""
+    """Refuse unknown probes and modes, and a grid of impossible values, before any work starts."""
     for probe in request.probes:
         if probe not in PROBES:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
     if request.mode not in ("fast", "reference"):
         raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference")
+    needles = any(PASSES[p] != "layer_retention" for p in request.probes)
+    if needles and not (request.lengths and request.depths and request.seeds):
+        raise HeadprobeError(f"{param('lengths')}, {param('depths')} and {param('seeds')}: give at least one of each")
+    for length in request.lengths:
+        if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+            raise HeadprobeError(f"{param('lengths', length)}: expected a positive number of tokens")
+    for depth in request.depths:
+        if not (isinstance(depth, (int, float)) and math.isfinite(depth) and 0 <= depth <= 1):
+            raise HeadprobeError(f"{param('depths', depth)}: expected a depth between 0 and 1")
+
+
+def check_grid(loaded, request: ProfileRequest, kind: str, needles: list[Needle], haystack: Haystack) -> None:
+    """Refuse lengths the model's context, the prompt around the haystack or the haystack cannot hold.
+
+    Builds the prompt of every needle at the shortest length (the needle and question must leave room
+    for haystack) and of one needle at the longest (the context and the haystack must hold it), with the
+    model's tokenizer and chat template, before any trial runs.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming ``lengths`` (and the needle, for a prompt too long for the shortest length).
+    """
+    max_context = loaded.identity.max_context
+    for length in request.lengths:
+        if max_context and length > max_context:
+            raise HeadprobeError(f"{param('lengths', length)}: beyond the model's context of {max_context} tokens")
+    shortest, longest = min(request.lengths), max(request.lengths)
+    for needle in needles:
+        try:
+            build_context(loaded.tokenizer, haystack, needle, shortest, request.depths[0], request.chat_template,
+                          max_context)
+        except HeadprobeError as exc:
+            raise HeadprobeError(f"{exc} ({kind} needle {needle.id})") from None
+    build_context(loaded.tokenizer, haystack, needles[0], longest, request.depths[0], request.chat_template,
+                  max_context)
 
 
 def probe_passes(probes: list[str]) -> list[str]:
@@ -175,14 +295,38 @@ def retention_settings(common: dict[str, Any], request: ProfileRequest, samples:
             "capacity": retention.capacity, "max_tokens": retention.max_tokens, "shard": _shard_setting(request)}
 
 
+def portable_file_name(path: str | Path) -> tuple[str, bool]:
+    """How files record a file they read: ``(name, shipped)``.
+
+    A file headprobe ships is named by its place among the shipped haystacks (``needles/retrieval.jsonl``);
+    a user's file by its path relative to the working directory of the run, so that a profile made on
+    one machine names nothing of that machine's folders. Files record the file's fingerprint next to it.
+    """
+    resolved = Path(path).resolve()
+    try:
+        return resolved.relative_to(haystacks_dir().resolve()).as_posix(), True
+    except ValueError:
+        pass
+    try:
+        return Path(os.path.relpath(resolved, Path.cwd().resolve())).as_posix(), False
+    except ValueError:   # another drive (Windows)
+        return resolved.name, False
+
+
 def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_path: Path,
                     needles: list[Needle], haystack: Haystack) -> dict[str, Any]:
-    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``)."""
+    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``).
+
+    The needle file is named portably (:func:`portable_file_name`) beside its fingerprint, as is a
+    user's haystack.
+    """
+    needle_name, shipped = portable_file_name(needle_path)
+    haystack_name = haystack.name if request.haystack is None else portable_file_name(request.haystack)[0]
     return {**common, "pass": pass_name, "probes": _pass_probes(request, pass_name),
             "lengths": list(request.lengths), "depths": _rounded_depths(request), "seeds": list(request.seeds),
-            "needle_set": {"path": str(needle_path), "fingerprint": needle_set_fingerprint(needle_path),
-                           "ids": [n.id for n in needles]},
-            "haystack": {"name": haystack.name, "fingerprint": haystack.fingerprint},
+            "needle_set": {"path": needle_name, "shipped": shipped,
+                           "fingerprint": needle_set_fingerprint(needle_path), "ids": [n.id for n in needles]},
+            "haystack": {"name": haystack_name, "fingerprint": haystack.fingerprint},
             "gate": request.gate if pass_name == "reasoning" else "published",
             "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
 
@@ -217,57 +361,66 @@ def resolve_needles(request: ProfileRequest, kind: str) -> tuple[Path, list[Need
     return needle_path, needles
 
 
-def _check_lengths(loaded, lengths: list[int]) -> None:
-    max_context = loaded.identity.max_context
-    for length in lengths:
-        if max_context and length > max_context:
-            raise HeadprobeError(f"{param('lengths', length)}: beyond the model's context of {max_context} tokens")
+@dataclass
+class _PassPlan:
+    """One pass, checked and ready to run: its settings and what it runs."""
+
+    name: str
+    settings: dict[str, Any]
+    needles: list[Needle] = field(default_factory=list)
+    haystack: Haystack | None = None
+    samples: list[TaskSample] = field(default_factory=list)
 
 
-def _retention_pass(run: _Run, log_path: Path) -> TrialLog:
+def _plan_pass(loaded, request: ProfileRequest, common: dict[str, Any], pass_name: str,
+               base_haystack: Haystack) -> _PassPlan:
+    """Resolve a pass's needles or task samples, check its grid against the model, and build its settings."""
+    if pass_name == "layer_retention":
+        samples = [s for group in load_tasks(request.tasks, samples_per_task=request.samples_per_task).values()
+                   for s in group]
+        return _PassPlan(pass_name, retention_settings(common, request, samples), samples=samples)
+    kind = "retrieval" if pass_name == "retrieval" else "reasoning"
+    needle_path, needles = resolve_needles(request, kind)
+    check_grid(loaded, request, kind, needles, base_haystack)
+    settings = needle_settings(common, request, pass_name, needle_path, needles, base_haystack)
+    return _PassPlan(pass_name, settings, needles=needles, haystack=base_haystack)
+
+
+def _retention_pass(loaded, request: ProfileRequest, plan: _PassPlan, log: TrialLog, stem: str,
+                    progress: ProgressFactory | None, result: ProfileResult) -> None:
     """Run the layer-retention samples not yet in the log."""
-    request, result = run.request, run.result
-    samples = [s for group in load_tasks(request.tasks, samples_per_task=request.samples_per_task).values()
-               for s in group]
-    log = TrialLog(log_path, retention_settings(run.common, request, samples), resume=request.resume,
-                   force=request.force)
-    todo = [s for s in samples if s.id not in log]
-    result.trials_skipped += len(samples) - len(todo)
-    bar = run.progress(len(todo), f"{run.stem} layer_retention") if run.progress else None
+    todo = [s for s in plan.samples if s.id not in log]
+    result.trials_skipped += len(plan.samples) - len(todo)
+    bar = progress(len(todo), f"{stem} layer_retention") if progress else None
     config = RetentionConfig(**{**request.retention.__dict__, "chat_template": request.chat_template})
     for sample in todo:
-        log.append(run_retention_sample(run.loaded, sample, config))
+        log.append(run_retention_sample(loaded, sample, config))
         result.trials_run += 1
         if bar:
             bar(1)
-    return log
 
 
-def _needle_pass(run: _Run, pass_name: str, base_haystack: Haystack, log_path: Path) -> TrialLog:
+def _needle_pass(loaded, request: ProfileRequest, plan: _PassPlan, log: TrialLog, stem: str,
+                 progress: ProgressFactory | None, result: ProfileResult) -> None:
     """Run the needle trials of a pass (``"retrieval"`` or ``"reasoning"``) not yet in the log."""
-    request, result = run.request, run.result
-    kind = "retrieval" if pass_name == "retrieval" else "reasoning"
-    needle_path, needles = resolve_needles(request, kind)
-    _check_lengths(run.loaded, request.lengths)
-    settings = needle_settings(run.common, request, pass_name, needle_path, needles, base_haystack)
-    log = TrialLog(log_path, settings, resume=request.resume, force=request.force)
+    needles, settings = plan.needles, plan.settings
     grid = shard_trials(make_grid([n.id for n in needles], request.lengths, _rounded_depths(request), request.seeds),
                         request.shard)
     todo: list[TrialSpec] = [t for t in grid if t.id not in log]
     result.trials_skipped += len(grid) - len(todo)
-    probes_here = settings["probes"]
-    bar = run.progress(len(todo), f"{run.stem} {'+'.join(probes_here)} ({request.mode})") if run.progress else None
+    bar = progress(len(todo), f"{stem} {'+'.join(settings['probes'])} ({request.mode})") if progress else None
     config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
                                batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
                                gate=settings["gate"], split_attention=request.split_attention)
-    haystacks = {s: _haystack_for_seed(base_haystack, s) for s in request.seeds}
+    haystacks = {s: _haystack_for_seed(plan.haystack, s) for s in request.seeds}
     logged_before = len(log.done)
-    run_needle_trials(run.loaded, haystacks, {n.id: n for n in needles}, todo, config, log.append, bar)
-    result.trials_run += len(log.done) - logged_before
-    return log
+    try:
+        run_needle_trials(loaded, haystacks, {n.id: n for n in needles}, todo, config, log.append, bar)
+    finally:
+        result.trials_run += len(log.done) - logged_before
 
 
-def _write_profiles(log: TrialLog, out_dir: Path, stem: str, result: ProfileResult) -> None:
+def _write_profiles(log: TrialLog, outputs: ProfileOutputs, result: ProfileResult) -> None:
     """Write the profiles of a finished pass; a pass in which no trial passed goes to ``result.failures``."""
     try:
         profiles = profiles_from_log(log.settings, list(log.records()))
@@ -275,24 +428,32 @@ def _write_profiles(log: TrialLog, out_dir: Path, stem: str, result: ProfileResu
         result.failures.append(str(exc))
         return
     for profile in profiles:
-        path = out_dir / f"{stem}.{profile.kind}.json"
+        path = outputs.profiles[profile.kind]
         profile.save(path)
         result.profiles.append(path)
 
 
-def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str | None = None) -> list[Path]:
-    """Merge shard logs of one pass into its profile(s)."""
-    from .aggregate import merge_logs
+def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str | None = None, force: bool = False,
+                       allow_partial: bool = False) -> list[Path]:
+    """Merge the shard logs of one pass into its profile(s), written to ``out_dir``.
 
-    settings, records = merge_logs(paths)
+    Every record is checked (one line naming the file, line and field of a bad one) and the logs must
+    hold every trial of the grid their settings describe, unless ``allow_partial``
+    (:func:`~headprobe.probes.aggregate.merge_logs`). An existing profile is replaced only with ``force``;
+    nothing is written unless every profile can be.
+    """
+    merged = merge_logs([Path(p) for p in paths], allow_partial=allow_partial)
     out_dir = check_writable_dir(out_dir)
-    stem = name or model_slug(settings["model"]["name"])
-    written = []
-    for profile in profiles_from_log(settings, records):
-        path = Path(out_dir) / f"{stem}.{profile.kind}.json"
+    stem = name or model_slug(merged.settings["model"]["name"])
+    profiles = profiles_from_log({**merged.settings, "merged_shards": merged.shards}, merged.records)
+    targets = [Path(out_dir) / f"{stem}.{profile.kind}.json" for profile in profiles]
+    for path in targets:
+        check_overwrite(path, force, hint=f"or choose another {param('out_dir')}")
+    for profile, path in zip(profiles, targets):
+        if merged.missing:
+            profile.trials["missing"] = merged.missing
         profile.save(path)
-        written.append(path)
-    return written
+    return targets
 
 
 def load_profile(path: str | Path) -> Profile:

@@ -1,0 +1,103 @@
+"""One writer per log: a lock file beside the log, held while a run appends to it.
+
+Two runs appending to one log (two ``resume`` runs on one output folder, say) would both run the
+trials the log lacks and log them twice. The lock is ``<log>.lock``: an advisory ``fcntl.flock`` held
+for as long as the log is open, with the holder's process id written inside so that a refusal can name
+it. The operating system drops the flock when its process ends, however it ends; a lock file left
+behind by a process that died is taken over, with a warning that names that process.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import warnings
+from pathlib import Path
+
+from ..errors import HeadprobeError
+
+
+def lock_path(log: str | Path) -> Path:
+    """``<log>.lock``: the lock file of a log."""
+    log = Path(log)
+    return log.with_name(log.name + ".lock")
+
+
+class LogLock:
+    """An exclusive lock on a log, taken at once or refused.
+
+    Parameters
+    ----------
+    log
+        The log the lock guards (the lock file is :func:`lock_path` of it).
+
+    Raises
+    ------
+    HeadprobeError
+        When another process (or another open log object of this process) holds the lock.
+    """
+
+    def __init__(self, log: str | Path) -> None:
+        self.log = Path(log)
+        self.path = lock_path(log)
+        self._fd: int | None = None
+        self._acquire()
+
+    def _acquire(self) -> None:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        while True:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                holder = _read_pid(fd)
+                os.close(fd)
+                who = "this process" if holder == os.getpid() else f"process {holder}" if holder else "another process"
+                raise HeadprobeError(
+                    f"{self.log}: in use by {who} (lock {self.path}); wait for that run to finish, or write "
+                    "elsewhere"
+                ) from None
+            try:
+                same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:   # the holder released (and removed) the file between our open and our flock
+                os.close(fd)
+                continue
+            break
+        previous = _read_pid(fd)
+        if previous and previous != os.getpid():
+            warnings.warn(f"{self.log}: taking over the lock {self.path} left by process {previous}, which no "
+                          "longer holds it (it ended without releasing the lock)", RuntimeWarning, stacklevel=4)
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        self._fd = fd
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        """Remove the lock file and drop the lock (the file goes first, so no one locks a removed file)."""
+        if self._fd is None:
+            return
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        os.close(self._fd)
+        self._fd = None
+
+    def __del__(self) -> None:
+        try:
+            self.release()
+        except OSError:
+            pass
+
+
+def _read_pid(fd: int) -> int | None:
+    try:
+        text = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        return int(text) if text else None
+    except (OSError, ValueError):
+        return None
