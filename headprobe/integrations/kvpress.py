@@ -43,15 +43,7 @@ from ..interop.layer_list import kvpress_layer_ratios
 from ..models.identity import identity_from_config, text_config
 from ..profile import Profile
 from ..runtime.budget_sources import MapBudget
-
-
-@dataclass(frozen=True)
-class _LayerShape:
-    """What :meth:`MapBudget.resolve` reads of a cache."""
-
-    num_layers: int
-    num_kv_heads: int
-    layer_types: tuple[str, ...]
+from ..runtime.shape import CacheShape
 
 
 @dataclass(frozen=True)
@@ -150,7 +142,8 @@ class BudgetMapPress(BasePress):
         """``int64 [layers][kv_heads]`` tokens each head keeps of a ``context_len``-token context."""
         if context_len not in self._resolved:
             types = self._layer_types or self.budget_map.model.layer_types
-            shape = _LayerShape(len(types), self.budget_map.model.num_kv_heads, tuple(types))
+            shape = CacheShape(len(types), self.budget_map.model.num_kv_heads, tuple(types),
+                               self.budget_map.model.sliding_window)
             lengths = torch.tensor([context_len])
             self._resolved[context_len] = self._source.resolve(shape, lengths, _Window(self.window))[0]
         return self._resolved[context_len]
