@@ -20,6 +20,8 @@ _API: dict[str, dict[str, str]] = {
         "NoPassingTrialsError": "errors",
         "param": "errors",
         "flag_spelling": "errors",
+        "MAX_TOKENS": "limits",
+        "check_count": "limits",
     },
     # models: aliases, loading, the identity every file records
     "models": {

@@ -141,6 +141,7 @@ class Profile:
         trials = require(obj, "trials", dict, path)
         for key in ("total", "passed"):
             require(trials, key, int, path, prefix="trials.")
+        _check_trial_counts(trials, path)
         query_heads = kv_heads = None
         reduction = "mean"
         scores = obj.get("scores")
@@ -182,6 +183,30 @@ class Profile:
     def load(cls, path: str | Path) -> Profile:
         """Read and validate a profile file."""
         return cls.from_json(read_headprobe_file(path, PROFILE_FORMAT, PROFILE_VERSION), path)
+
+
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_trial_counts(trials: dict, path: object) -> None:
+    """The optional count tables of ``trials``: ``per_needle`` ``{id: {total, passed}}``, ``per_task``
+    ``{task: count}`` and ``passed_by_gate`` ``{gate: count}``, counts being non-negative integers."""
+    per_needle = trials.get("per_needle")
+    if per_needle is not None:
+        if not isinstance(per_needle, dict):
+            raise FileFormatError(path, "trials.per_needle", "expected an object {needle id: {total, passed}}, "
+                                  f"found {type(per_needle).__name__}")
+        for needle, entry in per_needle.items():
+            if not (isinstance(entry, dict) and _count(entry.get("total")) and _count(entry.get("passed"))):
+                raise FileFormatError(path, f"trials.per_needle.{needle}",
+                                      "expected {\"total\": count, \"passed\": count}")
+    for key, what in (("per_task", "task"), ("passed_by_gate", "gate")):
+        table = trials.get(key)
+        if table is None:
+            continue
+        if not isinstance(table, dict) or not all(_count(v) for v in table.values()):
+            raise FileFormatError(path, f"trials.{key}", f"expected an object {{{what}: count}}")
 
 
 def reduce_groups(query_scores: list[list[float]], group_size: int, reduction: str = "mean") -> list[list[float]]:

@@ -48,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
         raise HeadprobeError(f"{out if out.exists() else log} exists; pass --resume to continue or --force to "
                              "start over")
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    headprobe.check_count("max_new_tokens", args.max_new_tokens)
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))

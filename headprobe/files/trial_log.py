@@ -16,6 +16,7 @@ from typing import Any
 import jsonlines
 
 from ..errors import FileFormatError, HeadprobeError, param
+from .jsonio import check_log_header, read_text
 
 LOG_FORMAT = "headprobe.trials"
 LOG_VERSION = 1
@@ -24,10 +25,7 @@ LOG_VERSION = 1
 def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Read a trial log: ``(settings, trials)``. A torn (incomplete) last line is ignored."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError as exc:
-        raise HeadprobeError(f"{path}: no such trial log") from exc
+    lines = read_text(path, "trial log").split("\n")
     records = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -38,15 +36,16 @@ def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
             if number >= len(lines) - 1:  # torn last line of an interrupted write
                 break
             raise FileFormatError(f"{path}:{number}", None, f"not valid JSON ({exc.msg})") from exc
-    if not records or records[0].get("format") != LOG_FORMAT:
-        raise FileFormatError(path, "format", f"expected a '{LOG_FORMAT}' header on the first line")
-    if records[0].get("version", 0) > LOG_VERSION:
-        raise FileFormatError(path, "version", f"newer than this headprobe reads (up to {LOG_VERSION})")
+        except RecursionError:
+            raise FileFormatError(f"{path}:{number}", None, "JSON nested too deeply to read") from None
+    settings = check_log_header(path, records[0] if records else None, LOG_FORMAT, LOG_VERSION)
     trials = records[1:]
     for i, trial in enumerate(trials, start=2):
-        if "trial" not in trial:
-            raise FileFormatError(f"{path}:{i}", "trial", "missing trial id")
-    return records[0]["settings"], trials
+        if not isinstance(trial, dict):
+            raise FileFormatError(f"{path}:{i}", None, f"expected a trial object, found {type(trial).__name__}")
+        if not isinstance(trial.get("trial"), str):
+            raise FileFormatError(f"{path}:{i}", "trial", "missing trial id (expected a string)")
+    return settings, trials
 
 
 class TrialLog:

