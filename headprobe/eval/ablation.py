@@ -181,7 +181,6 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     """
     from .. import __version__
     from ..haystack.context import build_context
-
     from ..limits import check_count
 
     check_count("max_new_tokens", max_new_tokens)
