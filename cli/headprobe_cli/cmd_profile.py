@@ -39,7 +39,8 @@ def register(sub, formatter) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0], help="haystack seeds (document order)")
     p.add_argument("--needles", nargs="+", metavar="ID", help="only these needle ids")
     p.add_argument("--needle-file", action="append", default=[], metavar="FILE",
-                   help="your own needle file (JSONL); its needles' kind decides which probe uses it")
+                   help="your own needle file (JSONL), repeatable: each needle's kind decides which probe uses "
+                        "it; a kind no file holds uses the shipped needles")
     p.add_argument("--haystack", help="text file or folder of .txt files (default: the shipped corpus)")
     p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
     p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
@@ -72,6 +73,8 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
+    needle_files = [Path(p) for p in args.needle_file]
+    headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
     loaded = load_model(args)
     on_gpu = loaded.device.type == "cuda"
     if args.grid == "full" or (args.grid == "auto" and on_gpu):
@@ -83,10 +86,6 @@ def run(args) -> int:
     if args.depths:
         depths = grids.parse_depths(args.depths)
         described += ", custom depths"
-    needle_files = {}
-    for path in args.needle_file:
-        kind = headprobe.load_needles(path)[0].kind
-        needle_files[kind] = Path(path)
     request = headprobe.ProfileRequest(
         probes=probes, lengths=list(lengths), depths=list(depths), out_dir=Path(args.out_dir), mode=args.mode,
         seeds=args.seeds, needle_files=needle_files, needle_ids=args.needles, haystack=args.haystack,

@@ -11,7 +11,7 @@ from ..errors import HeadprobeError, NoPassingTrialsError, param
 from ..files.jsonio import check_writable_dir
 from ..files.trial_log import TrialLog
 from ..haystack.corpus import Haystack, load_haystack
-from ..haystack.needles import Needle, load_needles, needle_set_fingerprint, shipped_needle_file
+from ..haystack.needles import Needle, check_needle_files, gather_needles, needle_file_list, needle_set_record
 from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..profile import Profile
@@ -39,7 +39,9 @@ class ProfileRequest:
     lengths, depths, seeds
         The needle grid (depths as fractions).
     needle_files
-        ``{"retrieval": path, "reasoning": path}``; missing kinds use the shipped needle sets.
+        Needle files of any kinds: each needle's ``kind`` decides which pass uses it, every file must hold
+        needles of a requested pass, and a kind no file holds uses the shipped needle set (a
+        ``{kind: path}`` mapping is read as its paths).
     needle_ids
         Restrict to these needle ids (``None`` for all).
     haystack
@@ -62,7 +64,7 @@ class ProfileRequest:
     out_dir: Path
     mode: str = "fast"
     seeds: list[int] = field(default_factory=lambda: [0])
-    needle_files: dict[str, Path] = field(default_factory=dict)
+    needle_files: list[Path] | dict[str, Path] = field(default_factory=list)
     needle_ids: list[str] | None = None
     haystack: str | None = None
     chat_template: bool = True
@@ -141,12 +143,19 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
 
 
 def check_request(request: ProfileRequest) -> None:
-    """Refuse unknown probes and modes before any work starts."""
+    """Refuse unknown probes and modes, and needle files no requested pass reads, before any work starts."""
     for probe in request.probes:
         if probe not in PROBES:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
     if request.mode not in ("fast", "reference"):
         raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference")
+    check_needle_files(needle_file_list(request.needle_files), needle_kinds(request.probes))
+
+
+def needle_kinds(probes: list[str]) -> set[str]:
+    """The needle kinds (``"retrieval"``, ``"reasoning"``) the passes of ``probes`` read."""
+    return {"retrieval" if p == "retrieval" else "reasoning" for p in probe_passes(probes)
+            if p != "layer_retention"}
 
 
 def probe_passes(probes: list[str]) -> list[str]:
@@ -175,13 +184,12 @@ def retention_settings(common: dict[str, Any], request: ProfileRequest, samples:
             "capacity": retention.capacity, "max_tokens": retention.max_tokens, "shard": _shard_setting(request)}
 
 
-def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_path: Path,
+def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_paths: list[Path],
                     needles: list[Needle], haystack: Haystack) -> dict[str, Any]:
     """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``)."""
     return {**common, "pass": pass_name, "probes": _pass_probes(request, pass_name),
             "lengths": list(request.lengths), "depths": _rounded_depths(request), "seeds": list(request.seeds),
-            "needle_set": {"path": str(needle_path), "fingerprint": needle_set_fingerprint(needle_path),
-                           "ids": [n.id for n in needles]},
+            "needle_set": needle_set_record(needle_paths, needles),
             "haystack": {"name": haystack.name, "fingerprint": haystack.fingerprint},
             "gate": request.gate if pass_name == "reasoning" else "published",
             "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
@@ -195,26 +203,16 @@ def _rounded_depths(request: ProfileRequest) -> list[float]:
     return [round(d, 6) for d in request.depths]
 
 
-def resolve_needles(request: ProfileRequest, kind: str) -> tuple[Path, list[Needle]]:
-    """The needle file of a kind (the request's, else the shipped one) and its needles, restricted to
-    ``request.needle_ids`` when given.
+def resolve_needles(request: ProfileRequest, kind: str) -> tuple[list[Path], list[Needle]]:
+    """The needle files of a kind (the request's files that hold needles of that kind, else the shipped
+    one) and their needles of that kind, restricted to ``request.needle_ids`` when given.
 
     Raises
     ------
     HeadprobeError
-        When none of ``needle_ids`` is in the file, or the file holds needles of another kind.
+        When none of ``needle_ids`` is among them.
     """
-    needle_path = Path(request.needle_files.get(kind) or shipped_needle_file(kind))
-    needles = load_needles(needle_path)
-    if request.needle_ids:
-        chosen = [n for n in needles if n.id in set(request.needle_ids)]
-        if not chosen:
-            raise HeadprobeError(f"{param('needle_ids')}: none of {', '.join(request.needle_ids)} is in {needle_path}")
-        needles = chosen
-    wrong = [n.id for n in needles if n.kind != kind]
-    if wrong:
-        raise HeadprobeError(f"{needle_path}: needles {', '.join(wrong)} are not of kind '{kind}'")
-    return needle_path, needles
+    return gather_needles(needle_file_list(request.needle_files), kind, request.needle_ids)
 
 
 def _check_lengths(loaded, lengths: list[int]) -> None:
@@ -247,9 +245,9 @@ def _needle_pass(run: _Run, pass_name: str, base_haystack: Haystack, log_path: P
     """Run the needle trials of a pass (``"retrieval"`` or ``"reasoning"``) not yet in the log."""
     request, result = run.request, run.result
     kind = "retrieval" if pass_name == "retrieval" else "reasoning"
-    needle_path, needles = resolve_needles(request, kind)
+    needle_paths, needles = resolve_needles(request, kind)
     _check_lengths(run.loaded, request.lengths)
-    settings = needle_settings(run.common, request, pass_name, needle_path, needles, base_haystack)
+    settings = needle_settings(run.common, request, pass_name, needle_paths, needles, base_haystack)
     log = TrialLog(log_path, settings, resume=request.resume, force=request.force)
     grid = shard_trials(make_grid([n.id for n in needles], request.lengths, _rounded_depths(request), request.seeds),
                         request.shard)
