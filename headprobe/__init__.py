@@ -62,6 +62,8 @@ _API: dict[str, dict[str, str]] = {
         "ProfileResult": "probes.run",
         "merge_profile_logs": "probes.run",
         "needle_kinds": "probes.run",
+        "GATES": "probes.gates",
+        "choose_gate": "probes.gates",
         "run_profile": "probes.run",
         "RetentionConfig": "probes.retention",
         "probe_grid": "probes:trial_grid",

@@ -45,8 +45,10 @@ def register(sub, formatter) -> None:
     p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
     p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
     p.add_argument("--retention-max-tokens", type=int, default=2048, help="layer-retention prompt length cap")
-    p.add_argument("--gate", choices=["published", "likelihood"], default="published",
-                   help="retrieval-reasoning gate: QA-F1 > 0.5 (published) or correct candidate more likely")
+    p.add_argument("--gate", choices=["auto", "published", "likelihood"], default="auto",
+                   help="retrieval-reasoning gate: QA-F1 > 0.5 (published), correct candidate more likely than "
+                        "the distractor (likelihood), or auto: likelihood for models under 1B parameters, "
+                        "published for larger ones")
     p.add_argument("--group-reduction", choices=["mean", "max", "sum"], default="mean",
                    help="how query-head scores reduce to KV heads")
     p.add_argument("--batch-size", type=int, default=4, help="trials per forward in fast mode")
@@ -97,6 +99,8 @@ def run(args) -> int:
     print(f"profiling {loaded.identity.name} on {loaded.device} ({args.mode} mode): {described}; "
           f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}",
           file=sys.stderr)
+    if "reasoning" in headprobe.needle_kinds(probes):
+        print(f"retrieval-reasoning gate: {headprobe.choose_gate(args.gate, loaded).describe()}", file=sys.stderr)
     started = time.perf_counter()
     result = headprobe.run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
     elapsed = time.perf_counter() - started
@@ -107,7 +111,8 @@ def run(args) -> int:
     for path in result.profiles:
         profile = headprobe.Profile.load(path)
         t = profile.trials
-        print(f"wrote {path} ({t['passed']}/{t['total']} trials passed)")
+        gate = f" the {t['gate']} gate" if t.get("gate") else ""
+        print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate})")
     if result.failures:
         raise headprobe.NoPassingTrialsError("; ".join(result.failures))
     return 0

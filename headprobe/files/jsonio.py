@@ -18,12 +18,24 @@ from typing import Any
 from ..errors import FileFormatError, HeadprobeError
 
 
+def make_output_dir(path: str | os.PathLike) -> Path:
+    """Create the folder ``path`` (and its parents) for outputs, or refuse in one line saying why not."""
+    path = Path(path) if str(path) else Path(".")
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise HeadprobeError(f"{path}: cannot create the output folder ({blocking} is a file, not a folder)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HeadprobeError(f"{path}: cannot create the output folder ({exc.strerror})") from exc
+    return path
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
     path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = make_output_dir(path.parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=parent)
     except OSError as exc:
         raise HeadprobeError(f"{parent}: output directory is not writable ({exc.strerror})") from exc
@@ -33,11 +45,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
         raise
     return path
 

@@ -10,6 +10,6 @@ from ..errors import HeadprobeError, param
 def check_overwrite(path: str | Path, force: bool) -> Path:
     """Refuse to replace an existing file (or non-empty folder) unless ``force``."""
     path = Path(path)
-    if path.exists() and not force and (path.is_file() or any(path.iterdir())):
+    if path.exists() and not force and (not path.is_dir() or any(path.iterdir())):
         raise HeadprobeError(f"{path} exists; pass {param('force', True)} to overwrite it")
     return path

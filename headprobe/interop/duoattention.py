@@ -16,13 +16,21 @@ from typing import Any
 import numpy as np
 
 from ..budget_map import BudgetMap
-from ..errors import FileFormatError, HeadprobeError
-from ..files.jsonio import atomic_write_json, atomic_write_text, file_fingerprint, read_json
+from ..errors import FileFormatError, HeadprobeError, param
+from ..files.jsonio import (
+    atomic_write_json,
+    atomic_write_text,
+    file_fingerprint,
+    make_output_dir,
+    read_json,
+    read_text,
+)
 from ..files.overwrite import check_overwrite
 from ..head_ranking import rank_order
+from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import Profile
-from .known import import_identity
+from .known import check_import_index, import_identity
 
 TSV_NAME = "full_attention_heads.tsv"
 CONFIG_NAME = "config.json"
@@ -32,17 +40,16 @@ TIE_EPS = 1e-6
 def read_tsv(path: str | Path) -> np.ndarray:
     """Read a ``full_attention_heads.tsv`` into ``float64 [layers][kv_heads]`` (rows must be equal length)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HeadprobeError(f"{path}: no such file") from None
+    text = read_text(path, "DuoAttention pattern file")
     rows = [line for line in text.splitlines() if line.strip()]
     if not rows:
         raise FileFormatError(path, None, "empty; expected one tab-separated row of scores per layer")
     out = []
     for i, line in enumerate(rows):
+        cells = line.strip().split("\t")
+        check_import_index(path, f"row {i}", i, len(cells) - 1)
         try:
-            out.append([float(x) for x in line.strip().split("\t")])
+            out.append([float(x) for x in cells])
         except ValueError:
             raise FileFormatError(path, f"row {i}", "expected tab-separated numbers") from None
         if len(out[-1]) != len(out[0]):
@@ -123,13 +130,13 @@ def binarise(scores: np.ndarray, threshold: float | None = None, full_share: flo
     """0/1 pattern: heads with score ≥ ``threshold``, or the top ``full_share`` of heads (ties by (layer, head))."""
     s = np.asarray(scores, dtype=np.float64)
     if (threshold is None) == (full_share is None):
-        raise HeadprobeError("binarise by a threshold or by a share of full heads, not both or neither")
+        raise HeadprobeError(f"binarise by {param('threshold')} or by {param('full_share')}, not both or neither")
     if threshold is not None:
         if not 0 <= threshold <= 1:
-            raise HeadprobeError(f"threshold must be in [0, 1], got {threshold}")
+            raise HeadprobeError(f"{param('threshold', threshold)}: expected a score in [0, 1]")
         return (s >= threshold).astype(np.float64)
     if not 0 <= full_share <= 1:
-        raise HeadprobeError(f"full-head share must be in [0, 1], got {full_share}")
+        raise HeadprobeError(f"{param('full_share', full_share)}: expected a share of heads in [0, 1]")
     k = int(np.floor(full_share * s.size + 0.5))
     out = np.zeros(s.size)
     out[rank_order(s)[:k]] = 1.0
@@ -173,6 +180,9 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
     force
         Replace an existing non-empty folder's files.
     """
+    for name, value in (("sink_size", sink_size), ("recent_size", recent_size)):
+        if value is not None:
+            check_count(name, value, minimum=0)
     folder = check_overwrite(folder, force)
     values = duo_scores(source, reduction)
     prior = source.probe.get("config", {}) if isinstance(source, Profile) else {}
@@ -191,7 +201,7 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
         config["threshold"] = threshold if threshold is not None else 0.5
         config["sparsity"] = None if full_share is None else 1 - full_share
     config.setdefault("model_name", source.model.name)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_output_dir(folder)
     atomic_write_text(folder / TSV_NAME, tsv_text(values))
     atomic_write_json(folder / CONFIG_NAME, config, indent=None)
     return folder

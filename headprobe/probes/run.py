@@ -16,6 +16,7 @@ from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..profile import Profile
 from .aggregate import profiles_from_log
+from .gates import GateChoice, check_gate, choose_gate
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
 from .trial_grid import TrialSpec, make_grid, shard_trials
@@ -47,8 +48,10 @@ class ProfileRequest:
     haystack
         Text file or folder, ``None`` for the shipped corpus.
     gate
-        Retrieval-reasoning gate: ``"published"`` (QA-F1 > 0.5) or ``"likelihood"`` (correct candidate
-        more likely than the distractor).
+        Retrieval-reasoning gate: ``"published"`` (QA-F1 > 0.5), ``"likelihood"`` (correct candidate
+        more likely than the distractor), or ``"auto"``: likelihood for models under 1B parameters,
+        published for larger ones (:func:`~headprobe.probes.gates.choose_gate`; the log and the profile
+        record the choice).
     tasks, samples_per_task
         Layer-retention task types (``None``: all shipped) and samples per task.
     name
@@ -149,6 +152,7 @@ def check_request(request: ProfileRequest) -> None:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
     if request.mode not in ("fast", "reference"):
         raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference")
+    check_gate(request.gate)
     check_needle_files(needle_file_list(request.needle_files), needle_kinds(request.probes))
 
 
@@ -185,13 +189,14 @@ def retention_settings(common: dict[str, Any], request: ProfileRequest, samples:
 
 
 def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_paths: list[Path],
-                    needles: list[Needle], haystack: Haystack) -> dict[str, Any]:
-    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``)."""
+                    needles: list[Needle], haystack: Haystack, gate: GateChoice | None = None) -> dict[str, Any]:
+    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``; ``gate``: the
+    reasoning pass's gate, see :func:`~headprobe.probes.gates.choose_gate`)."""
     return {**common, "pass": pass_name, "probes": _pass_probes(request, pass_name),
             "lengths": list(request.lengths), "depths": _rounded_depths(request), "seeds": list(request.seeds),
             "needle_set": needle_set_record(needle_paths, needles),
             "haystack": {"name": haystack.name, "fingerprint": haystack.fingerprint},
-            "gate": request.gate if pass_name == "reasoning" else "published",
+            "gate": gate.gate if gate is not None else "published", **(gate.settings() if gate is not None else {}),
             "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
 
 
@@ -247,7 +252,8 @@ def _needle_pass(run: _Run, pass_name: str, base_haystack: Haystack, log_path: P
     kind = "retrieval" if pass_name == "retrieval" else "reasoning"
     needle_paths, needles = resolve_needles(request, kind)
     _check_lengths(run.loaded, request.lengths)
-    settings = needle_settings(run.common, request, pass_name, needle_paths, needles, base_haystack)
+    gate = choose_gate(request.gate, run.loaded) if pass_name == "reasoning" else None
+    settings = needle_settings(run.common, request, pass_name, needle_paths, needles, base_haystack, gate)
     log = TrialLog(log_path, settings, resume=request.resume, force=request.force)
     grid = shard_trials(make_grid([n.id for n in needles], request.lengths, _rounded_depths(request), request.seeds),
                         request.shard)
