@@ -65,7 +65,7 @@ def fit_title(fig: Figure, title: Text, min_fontsize: int = 7, max_lines: int = 
         The ``Text`` of ``fig.suptitle(...)`` or ``ax.set_title(...)``.
     """
     paragraphs = title.get_text().split("\n")
-    size = int(round(title.get_fontsize()))
+    size = round(title.get_fontsize())
     tries = [(lines, s) for lines in range(1, max_lines + 1) for s in range(size, max(size - 3, min_fontsize - 1), -1)]
     tries += [(max_lines, s) for s in range(size - 3, min_fontsize - 1, -1)]
     for lines, s in tries:
