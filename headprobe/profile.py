@@ -220,9 +220,25 @@ def reduce_groups(query_scores: list[list[float]], group_size: int, reduction: s
     for row in query_scores:
         groups = [row[i:i + group_size] for i in range(0, len(row), group_size)]
         if reduction == "mean":
-            out.append([math.fsum(g) / len(g) for g in groups])
+            out.append([_mean(g) for g in groups])
         elif reduction == "max":
             out.append([max(g) for g in groups])
         else:
-            out.append([math.fsum(g) for g in groups])
+            out.append([_sum(g) for g in groups])
     return out
+
+
+def _sum(values: list[float]) -> float:
+    """Exact float sum; ``±inf`` when it is beyond the float range (``math.fsum`` raises there)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.copysign(math.inf, math.fsum(v / len(values) for v in values))
+
+
+def _mean(values: list[float]) -> float:
+    """Mean by an exact sum; for values whose sum is beyond the float range, the sum of ``v / n``."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)

@@ -77,6 +77,8 @@ def run(args) -> int:
     shard = grids.parse_shard(args.shard)
     needle_files = [Path(p) for p in args.needle_file]
     headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
+    if args.haystack is not None:
+        headprobe.load_haystack(args.haystack)
     loaded = load_model(args)
     on_gpu = loaded.device.type == "cuda"
     if args.grid == "full" or (args.grid == "auto" and on_gpu):

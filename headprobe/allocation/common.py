@@ -111,7 +111,8 @@ def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
         return np.zeros(w.shape, dtype=np.int64)
     if not np.all(np.isfinite(flat)):
         raise ValueError("weights must be finite")
-    s = flat.sum()
+    with np.errstate(over="ignore"):
+        s = flat.sum()
     if not np.isfinite(s):   # finite weights whose sum overflows: the same proportions, scaled down
         flat = flat / flat.max()
         s = flat.sum()
@@ -177,8 +178,10 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
             raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass {param('allow_fallback', True)} "
                                  "to allocate uniformly instead)")
         return np.full(s.shape, 1.0 / s.size), True
-    if (temperature is None or temperature == 1) and np.isfinite(s.sum()):
-        return s / s.sum(), False
+    with np.errstate(over="ignore"):
+        total = s.sum()
+    if (temperature is None or temperature == 1) and np.isfinite(total):
+        return s / total, False
     return tempered_weights(s, 1.0 if temperature is None else float(temperature)), False
 
 
