@@ -75,6 +75,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
+    custom_depths = grids.parse_depths(args.depths) if args.depths else None
     needle_files = [Path(p) for p in args.needle_file]
     headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
     if args.haystack is not None:
@@ -87,8 +88,8 @@ def run(args) -> int:
         lengths, depths, described = grids.default_grid(False, loaded.identity.max_context)
     if args.lengths:
         lengths, described = args.lengths, "custom lengths"
-    if args.depths:
-        depths = grids.parse_depths(args.depths)
+    if custom_depths is not None:
+        depths = custom_depths
         described += ", custom depths"
     request = headprobe.ProfileRequest(
         probes=probes, lengths=list(lengths), depths=list(depths), out_dir=Path(args.out_dir), mode=args.mode,
