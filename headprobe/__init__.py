@@ -20,6 +20,8 @@ _API: dict[str, dict[str, str]] = {
         "NoPassingTrialsError": "errors",
         "param": "errors",
         "flag_spelling": "errors",
+        "MAX_TOKENS": "limits",
+        "check_count": "limits",
     },
     # models: aliases, loading, the identity every file records
     "models": {
@@ -50,6 +52,7 @@ _API: dict[str, dict[str, str]] = {
         "load_haystack": "haystack.corpus",
         "Needle": "haystack.needles",
         "load_needles": "haystack.needles",
+        "check_needle_files": "haystack.needles",
         "shipped_needle_file": "haystack.needles",
         "load_tasks": "haystack.tasks",
     },
@@ -61,6 +64,9 @@ _API: dict[str, dict[str, str]] = {
         "ProfileOutputs": "probes.run",
         "check_profile_run": "probes.run",
         "merge_profile_logs": "probes.run",
+        "needle_kinds": "probes.run",
+        "GATES": "probes.gates",
+        "choose_gate": "probes.gates",
         "run_profile": "probes.run",
         "RetentionConfig": "probes.retention",
         "probe_grid": "probes:trial_grid",

@@ -13,6 +13,7 @@ from typing import Any
 
 from .errors import FileFormatError
 from .files.jsonio import atomic_write_json, read_headprobe_file, require, require_matrix
+from .limits import MAX_TOKENS
 from .models.identity import ModelIdentity
 
 BUDGET_FORMAT = "headprobe.budget"
@@ -90,7 +91,7 @@ class BudgetMap:
         require(method, "allocator", str, path, "method.")
         shares = require_matrix(require(obj, "shares", list, path), model.num_layers, heads, path, "shares")
         budgets = require_matrix(require(obj, "budgets", list, path), model.num_layers, heads, path, "budgets",
-                                 integer=True)
+                                 integer=True, maximum=MAX_TOKENS)
         if any(s < 0 for row in shares for s in row) or not math.isclose(
                 math.fsum(s for row in shares for s in row), 1.0, rel_tol=0, abs_tol=1e-6):
             raise FileFormatError(path, "shares", "expected non-negative values summing to 1")

@@ -98,10 +98,11 @@ def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
 
 def _summarize_log(path: Path) -> list[str]:
     settings, trials = read_log(path)
+    model = settings.get("model")
     lines = [(f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {settings.get('mode')}, "
-              f"{len(trials)} trials"), f"model      {settings.get('model', {}).get('name')}"]
+              f"{len(trials)} trials"), f"model      {model.get('name') if isinstance(model, dict) else model}"]
     if settings.get("pass") != "layer_retention":
         gate = settings.get("gate", "published")
-        passed = sum(1 for t in trials if t.get("gates", {}).get(gate))
+        passed = sum(1 for t in trials if isinstance(t.get("gates"), dict) and t["gates"].get(gate))
         lines.append(f"passed     {passed}/{len(trials)} ({gate} gate)")
     return lines

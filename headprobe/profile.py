@@ -141,6 +141,7 @@ class Profile:
         trials = require(obj, "trials", dict, path)
         for key in ("total", "passed"):
             require(trials, key, int, path, prefix="trials.")
+        _check_trial_counts(trials, path)
         query_heads = kv_heads = None
         reduction = "mean"
         scores = obj.get("scores")
@@ -184,6 +185,30 @@ class Profile:
         return cls.from_json(read_headprobe_file(path, PROFILE_FORMAT, PROFILE_VERSION), path)
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _check_trial_counts(trials: dict, path: object) -> None:
+    """The optional count tables of ``trials``: ``per_needle`` ``{id: {total, passed}}``, ``per_task``
+    ``{task: count}`` and ``passed_by_gate`` ``{gate: count}``, counts being non-negative integers."""
+    per_needle = trials.get("per_needle")
+    if per_needle is not None:
+        if not isinstance(per_needle, dict):
+            raise FileFormatError(path, "trials.per_needle", "expected an object {needle id: {total, passed}}, "
+                                  f"found {type(per_needle).__name__}")
+        for needle, entry in per_needle.items():
+            if not (isinstance(entry, dict) and _count(entry.get("total")) and _count(entry.get("passed"))):
+                raise FileFormatError(path, f"trials.per_needle.{needle}",
+                                      "expected {\"total\": count, \"passed\": count}")
+    for key, what in (("per_task", "task"), ("passed_by_gate", "gate")):
+        table = trials.get(key)
+        if table is None:
+            continue
+        if not isinstance(table, dict) or not all(_count(v) for v in table.values()):
+            raise FileFormatError(path, f"trials.{key}", f"expected an object {{{what}: count}}")
+
+
 def reduce_groups(query_scores: list[list[float]], group_size: int, reduction: str = "mean") -> list[list[float]]:
     """Reduce ``[layers][query_heads]`` scores to ``[layers][kv_heads]`` over each GQA group.
 
@@ -195,9 +220,25 @@ def reduce_groups(query_scores: list[list[float]], group_size: int, reduction: s
     for row in query_scores:
         groups = [row[i:i + group_size] for i in range(0, len(row), group_size)]
         if reduction == "mean":
-            out.append([math.fsum(g) / len(g) for g in groups])
+            out.append([_mean(g) for g in groups])
         elif reduction == "max":
             out.append([max(g) for g in groups])
         else:
-            out.append([math.fsum(g) for g in groups])
+            out.append([_sum(g) for g in groups])
     return out
+
+
+def _sum(values: list[float]) -> float:
+    """Exact float sum; ``±inf`` when it is beyond the float range (``math.fsum`` raises there)."""
+    try:
+        return math.fsum(values)
+    except OverflowError:
+        return math.copysign(math.inf, math.fsum(v / len(values) for v in values))
+
+
+def _mean(values: list[float]) -> float:
+    """Mean by an exact sum; for values whose sum is beyond the float range, the sum of ``v / n``."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)

@@ -46,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     log = headprobe.ablation_log_path(out)
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    headprobe.check_count("max_new_tokens", args.max_new_tokens)
     plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
         else out.with_suffix(".png")
     headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)

@@ -58,8 +58,8 @@ def run(args) -> int:
         name = args.model or hp.DEFAULT_MODEL
         model = hp.identity_for_model(name)
         if model is None and (profiles or not needs):
-            raise hp.HeadprobeError(f"--model {name}: cannot read its config (offline?); "
-                                    "omit --model to use the profile's model")
+            raise hp.HeadprobeError(f"--model {name}: its config is not in the local Hugging Face cache and "
+                                    "cannot be downloaded (offline?); omit --model to use the profile's model")
         if not profiles:
             for found in hp.profiles_for_method(args.method, model if model is not None else
                                                 hp.resolve_model(name).name):

@@ -88,6 +88,7 @@ def _lazy_progress(total: int, description: str):
 def run(args: argparse.Namespace) -> int:
     settings = headprobe.expand_settings(args.settings, args.capacities, headprobe.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
+    headprobe.check_count("max_new_tokens", args.max_new_tokens)
     for s in settings:   # bad policy options fail before the model loads
         headprobe.make_policy(s.policy, **s.options)
     out = Path(args.out)

@@ -59,6 +59,9 @@ def _mib(n: int) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    if args.capacity is not None:
+        headprobe.check_count("capacity", args.capacity)
     prompt = _prompt(args)
     options = headprobe.parse_policy_options(args.option)
     policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads

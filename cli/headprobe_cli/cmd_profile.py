@@ -39,13 +39,16 @@ def register(sub, formatter) -> None:
     p.add_argument("--seeds", nargs="+", type=int, default=[0], help="haystack seeds (document order)")
     p.add_argument("--needles", nargs="+", metavar="ID", help="only these needle ids")
     p.add_argument("--needle-file", action="append", default=[], metavar="FILE",
-                   help="your own needle file (JSONL); its needles' kind decides which probe uses it")
+                   help="your own needle file (JSONL), repeatable: each needle's kind decides which probe uses "
+                        "it; a kind no file holds uses the shipped needles")
     p.add_argument("--haystack", help="text file or folder of .txt files (default: the shipped corpus)")
     p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
     p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
     p.add_argument("--retention-max-tokens", type=int, default=2048, help="layer-retention prompt length cap")
-    p.add_argument("--gate", choices=["published", "likelihood"], default="published",
-                   help="retrieval-reasoning gate: QA-F1 > 0.5 (published) or correct candidate more likely")
+    p.add_argument("--gate", choices=["auto", "published", "likelihood"], default="auto",
+                   help="retrieval-reasoning gate: QA-F1 > 0.5 (published), correct candidate more likely than "
+                        "the distractor (likelihood), or auto: likelihood for models under 1B parameters, "
+                        "published for larger ones")
     p.add_argument("--group-reduction", choices=["mean", "max", "sum"], default="mean",
                    help="how query-head scores reduce to KV heads")
     p.add_argument("--batch-size", type=int, default=4, help="trials per forward in fast mode")
@@ -79,10 +82,10 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
-    needle_files = {}
-    for path in args.needle_file:
-        kind = headprobe.load_needles(path)[0].kind
-        needle_files[kind] = Path(path)
+    needle_files = [Path(p) for p in args.needle_file]
+    headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
+    if args.haystack is not None:
+        headprobe.load_haystack(args.haystack)
     # The grid's defaults depend on the device; the CPU grid stands in until the model is loaded.
     lengths, depths, _ = grids.default_grid(False, None)
     if args.lengths:
@@ -117,6 +120,8 @@ def run(args) -> int:
     print(f"profiling {loaded.identity.name} on {loaded.device} ({args.mode} mode): {described}; "
           f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
           f"writing to {out_dir}", file=sys.stderr)
+    if "reasoning" in headprobe.needle_kinds(probes):
+        print(f"retrieval-reasoning gate: {headprobe.choose_gate(args.gate, loaded).describe()}", file=sys.stderr)
     started = time.perf_counter()
     result = headprobe.run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
     elapsed = time.perf_counter() - started
@@ -127,7 +132,8 @@ def run(args) -> int:
     for path in result.profiles:
         profile = headprobe.Profile.load(path)
         t = profile.trials
-        print(f"wrote {path} ({t['passed']}/{t['total']} trials passed)")
+        gate = f" the {t['gate']} gate" if t.get("gate") else ""
+        print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate})")
     if result.failures:
         raise headprobe.NoPassingTrialsError("; ".join(result.failures))
     return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 import headprobe
 
@@ -28,8 +29,16 @@ class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaults
     pass
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, like every other headprobe error (exit status 2);
+    subcommand parsers are of this class too (argparse makes them with the parent's class)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"headprobe: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="headprobe", formatter_class=_Formatter,
         description="Profile attention heads and layers, allocate KV-cache budgets, apply them in generate.",
         epilog="example:\n  headprobe profile            # profile the embedded SmolLM2-135M\n"

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
+from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import GROUP_REDUCTIONS, Profile, reduce_groups
 
@@ -58,18 +59,19 @@ def resolve_capacity(capacity: int | None = 128, window: int = 8, sink: int = 0,
         Negative window or sink, a capacity smaller than window + sink, a ratio outside (0, 1], or a
         ratio without a prompt length.
     """
-    if not isinstance(window, (int, np.integer)) or window < 0:
-        raise HeadprobeError(f"window must be a non-negative integer, got {window!r}")
-    if not isinstance(sink, (int, np.integer)) or sink < 0:
-        raise HeadprobeError(f"sink must be a non-negative integer, got {sink!r}")
+    check_count("window", window, minimum=0)
+    check_count("sink", sink, minimum=0)
+    if prompt_len is not None:
+        check_count("prompt_len", prompt_len)
     if ratio is not None:
         if not (0 < ratio <= 1):
-            raise HeadprobeError(f"ratio must be in (0, 1], got {ratio!r}")
-        if prompt_len is None or prompt_len <= 0:
+            raise HeadprobeError(f"{param('ratio', ratio)}: expected a share of the prompt in (0, 1]")
+        if prompt_len is None:
             raise HeadprobeError(f"a ratio needs a prompt length ({param('prompt_len')}) to turn into a capacity")
         capacity = math.floor(ratio * prompt_len + 0.5)
-    if capacity is None or not isinstance(capacity, (int, np.integer)):
-        raise HeadprobeError(f"capacity must be an integer, got {capacity!r}")
+    if capacity is None:
+        raise HeadprobeError(f"{param('capacity')}: expected a whole number of tokens per head, or a ratio")
+    check_count("capacity", capacity)
     if capacity <= window + sink:
         raise HeadprobeError(
             f"capacity {capacity} must be larger than the window ({window}) plus the sink ({sink}): "
@@ -107,8 +109,14 @@ def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
     flat = w.ravel()
     if flat.size == 0:
         return np.zeros(w.shape, dtype=np.int64)
-    s = flat.sum()
-    if not np.isfinite(s) or s <= 0:
+    if not np.all(np.isfinite(flat)):
+        raise ValueError("weights must be finite")
+    with np.errstate(over="ignore"):
+        s = flat.sum()
+    if not np.isfinite(s):   # finite weights whose sum overflows: the same proportions, scaled down
+        flat = flat / flat.max()
+        s = flat.sum()
+    if s <= 0:
         flat = np.ones_like(flat)
         s = float(flat.size)
     quota = flat / s * total
@@ -153,8 +161,9 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
         Scores below ``-NEGATIVE_NOISE``, or all-zero / NaN scores without ``allow_fallback``.
     """
     s = np.asarray(scores, dtype=np.float64)
-    if temperature is not None and (not math.isfinite(temperature) or temperature <= 0):
-        raise HeadprobeError(f"temperature must be a positive number, got {temperature!r}")
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                    or not math.isfinite(temperature) or temperature <= 0):
+        raise HeadprobeError(f"{param('temperature', temperature)}: expected a positive finite number")
     bad = None
     if not np.all(np.isfinite(s)):
         bad = "has NaN or infinite scores"
@@ -162,16 +171,38 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
         raise HeadprobeError(f"{what} has negative scores (min {s.min():.3g}); head scores must be >= 0")
     else:
         s = np.maximum(s, 0.0)  # learned gates (DuoAttention) end slightly below 0: that is 0
-        if s.sum() <= 0:
+        if not np.any(s > 0):
             bad = "has all-zero scores"
     if bad:
         if not allow_fallback:
             raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass {param('allow_fallback', True)} "
                                  "to allocate uniformly instead)")
         return np.full(s.shape, 1.0 / s.size), True
-    if temperature is not None and temperature != 1:
-        s = s ** (1.0 / temperature)
-    return s / s.sum(), False
+    with np.errstate(over="ignore"):
+        total = s.sum()
+    if (temperature is None or temperature == 1) and np.isfinite(total):
+        return s / total, False
+    return tempered_weights(s, 1.0 if temperature is None else float(temperature)), False
+
+
+def tempered_weights(scores: np.ndarray, temperature: float) -> np.ndarray:
+    """``score ** (1 / temperature)`` normalised to sum 1, computed in log space.
+
+    ``exp((log s − max log s) / T)`` is the same distribution (a softmax of ``log s / T``) without
+    overflow or underflow: the best head's weight is exactly 1 before normalising, so a tiny temperature
+    gives every weight to the best head(s), a huge one spreads it evenly over the heads with a positive
+    score, and scores near the float limit sum without overflowing. Zero scores keep zero weight.
+
+    Parameters
+    ----------
+    scores
+        ``[layers][heads]`` finite, non-negative, at least one positive.
+    """
+    weights = np.zeros_like(scores, dtype=np.float64)
+    positive = scores > 0
+    logs = np.log(scores[positive])
+    weights[positive] = np.exp((logs - logs.max()) / temperature)
+    return weights / weights.sum()
 
 
 def kv_head_scores(profile: Profile, reduction: str | None = None) -> list[list[float]]:

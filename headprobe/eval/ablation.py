@@ -233,7 +233,9 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     """
     from .. import __version__
     from ..haystack.context import build_context
+    from ..limits import check_count
 
+    check_count("max_new_tokens", max_new_tokens)
     if profile.query_heads is None:
         raise HeadprobeError(f"{profile.kind} profile has no head scores to rank heads by")
     profile.model.check_fits(lm.identity, what=f"{profile.kind} profile")

@@ -138,8 +138,11 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
         without ``resume``/``force``, an existing result or figure the run may not replace, a log made
         with other settings, or a log another run writes to.
     """
+    from ..limits import check_count
     from .runner import resolve_budgets
 
+    check_count("max_new_tokens", max_new_tokens)
+    check_count("max_length", max_length)
     budgets = resolve_budgets(lm, settings)
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),

@@ -20,6 +20,7 @@ import torch
 from ..errors import HeadprobeError, param
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
+from ..limits import check_count
 from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
 from .items import EvalItem
@@ -168,6 +169,7 @@ def check_request(request: EvalRequest) -> None:
         raise HeadprobeError("no questions to ask: the item list is empty")
     if not request.lengths or not request.depths:
         raise HeadprobeError(f"{param('lengths')} and {param('depths')}: give at least one of each")
+    check_count("max_new_tokens", request.max_new_tokens)
 
 
 def open_cell_log(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False,

@@ -21,6 +21,19 @@ from typing import Any
 from ..errors import FileFormatError, HeadprobeError
 
 
+def make_output_dir(path: str | os.PathLike) -> Path:
+    """Create the folder ``path`` (and its parents) for outputs, or refuse in one line saying why not."""
+    path = Path(path) if str(path) else Path(".")
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise HeadprobeError(f"{path}: cannot create the output folder ({blocking} is a file, not a folder)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HeadprobeError(f"{path}: cannot create the output folder ({exc.strerror})") from exc
+    return path
+
+
 def create_temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
     """Create a new, empty temporary file in ``path``'s folder (made if missing): ``(fd, temp_path)``.
 
@@ -33,9 +46,8 @@ def create_temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
         When the folder cannot be created or written.
     """
     path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
+    parent = make_output_dir(path.parent)
     try:
-        parent.mkdir(parents=True, exist_ok=True)
         while True:
             tmp = parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
             try:
@@ -56,11 +68,13 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
+    except BaseException as exc:
         try:
             os.unlink(tmp)
         except OSError:
             pass
+        if isinstance(exc, OSError):
+            raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
         raise
     return path
 
@@ -84,19 +98,46 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     return path
 
 
-def read_json(path: str | os.PathLike) -> Any:
-    """Read a JSON file, turning a missing file or a syntax error into a one-line error."""
+def read_text(path: str | os.PathLike, what: str = "file") -> str:
+    """The text of a UTF-8 file, with a one-line error for a missing file, a folder, a file that cannot be
+    read or one that is not UTF-8.
+
+    Parameters
+    ----------
+    what
+        What the file should be, for the messages (``"needle file"``, ``"trial log"``).
+    """
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        data = path.read_bytes()
     except FileNotFoundError as exc:
-        raise HeadprobeError(f"{path}: no such file") from exc
+        raise HeadprobeError(f"{path}: no such {what}") from exc
+    except IsADirectoryError as exc:
+        raise HeadprobeError(f"{path}: is a folder; expected a {what}") from exc
     except OSError as exc:
-        raise HeadprobeError(f"{path}: cannot read ({exc.strerror})") from exc
+        raise HeadprobeError(f"{path}: cannot read the {what} ({exc.strerror})") from exc
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise FileFormatError(path, None, f"expected UTF-8 text; byte {exc.start} (0x{data[exc.start]:02x}) "
+                                          "is not valid UTF-8") from exc
+
+
+def parse_json(text: str, where: object) -> Any:
+    """``json.loads`` with one-line errors naming ``where``: a syntax error, or nesting too deep to read."""
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise FileFormatError(path, None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})")
+        raise FileFormatError(where, None, f"not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})") \
+            from None
+    except RecursionError:
+        raise FileFormatError(where, None, "JSON nested too deeply to read (no headprobe file nests more than a "
+                                           "few levels)") from None
+
+
+def read_json(path: str | os.PathLike, what: str = "file") -> Any:
+    """Read a JSON file, turning a missing, unreadable or non-UTF-8 file and a syntax error into one line."""
+    return parse_json(read_text(path, what), Path(path))
 
 
 def read_headprobe_file(path: str | os.PathLike, fmt: str, max_version: int) -> dict:
@@ -122,6 +163,32 @@ def read_headprobe_file(path: str | os.PathLike, fmt: str, max_version: int) -> 
             f"format version {version} is newer than this headprobe reads (up to {max_version}); upgrade headprobe",
         )
     return obj
+
+
+def check_log_header(path: object, header: Any, fmt: str = "headprobe.trials", max_version: int = 1) -> dict:
+    """Check the first line of a JSONL log: ``{"format": fmt, "version": int, "settings": {...}}``.
+
+    Returns
+    -------
+    dict
+        The header's ``settings``.
+
+    Raises
+    ------
+    FileFormatError
+        Naming the field that is missing or of the wrong type, or a version newer than ``max_version``.
+    """
+    if not isinstance(header, dict) or header.get("format") != fmt:
+        raise FileFormatError(path, "format", f"expected a '{fmt}' header on the first line")
+    version = header.get("version")
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise FileFormatError(path, "version", f"expected a positive integer, found {version!r}")
+    if version > max_version:
+        raise FileFormatError(path, "version", f"newer than this headprobe reads (up to {max_version})")
+    settings = header.get("settings")
+    if not isinstance(settings, dict):
+        raise FileFormatError(path, "settings", f"expected an object, found {type(settings).__name__}")
+    return settings
 
 
 def fingerprint(obj: Any, length: int = 16) -> str:
@@ -155,8 +222,9 @@ def require(obj: dict, key: str, kind: type | tuple, path: object, prefix: str =
 
 
 def require_matrix(value: Any, rows: int, cols: int, path: object, name: str,
-                   integer: bool = False) -> list[list[float]]:
-    """Check that ``value`` is a ``rows × cols`` list of finite numbers."""
+                   integer: bool = False, maximum: float | None = None) -> list[list[float]]:
+    """Check that ``value`` is a ``rows × cols`` list of finite numbers (integers with ``integer``), each at
+    most ``maximum`` when given."""
     if not isinstance(value, list) or len(value) != rows:
         found = len(value) if isinstance(value, list) else type(value).__name__
         raise FileFormatError(path, name, f"expected {rows} rows (one per layer), found {found}")
@@ -169,6 +237,8 @@ def require_matrix(value: Any, rows: int, cols: int, path: object, name: str,
             if isinstance(x, bool) or not ok or (isinstance(x, float) and not math.isfinite(x)):
                 what = "an integer" if integer else "a finite number"
                 raise FileFormatError(path, f"{name}[{i}][{j}]", f"expected {what}, found {x!r}")
+            if maximum is not None and x > maximum:
+                raise FileFormatError(path, f"{name}[{i}][{j}]", f"expected at most {maximum}, found {x!r}")
     return value
 
 
@@ -188,7 +258,7 @@ def iter_jsonl_objects(path: str | os.PathLike, text: str | None = None):
         Naming the line, for a line that is not JSON or not a JSON object.
     """
     if text is None:
-        text = Path(path).read_text(encoding="utf-8")
+        text = read_text(path)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -196,7 +266,9 @@ def iter_jsonl_objects(path: str | os.PathLike, text: str | None = None):
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise FileFormatError(where, None, f"not valid JSON ({exc.msg})") from exc
+            raise FileFormatError(where, None, f"not valid JSON ({exc.msg})") from None
+        except RecursionError:
+            raise FileFormatError(where, None, "JSON nested too deeply to read") from None
         if not isinstance(obj, dict):
             raise FileFormatError(where, None, "expected one JSON object a line")
         yield where, obj

@@ -16,6 +16,6 @@ def check_overwrite(path: str | Path, force: bool, hint: str = "") -> Path:
         Appended to the message, e.g. ``"or choose another out_dir"``.
     """
     path = Path(path)
-    if path.exists() and not force and (path.is_file() or any(path.iterdir())):
+    if path.exists() and not force and (not path.is_dir() or any(path.iterdir())):
         raise HeadprobeError(f"{path} exists; pass {param('force', True)} to overwrite it{' ' + hint if hint else ''}")
     return path

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FileFormatError, HeadprobeError, param
-from .jsonio import create_temp_beside
+from .jsonio import check_log_header, create_temp_beside, read_text
 from .log_lock import LogLock
 
 LOG_FORMAT = "headprobe.trials"
@@ -44,10 +44,7 @@ def read_log_records(path: str | Path) -> tuple[dict[str, Any], list[tuple[int, 
         trial without an id, naming the file and line.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").split("\n")
-    except FileNotFoundError as exc:
-        raise HeadprobeError(f"{path}: no such trial log") from exc
+    lines = read_text(path, "trial log").split("\n")
     records: list[tuple[int, Any]] = []
     for number, line in enumerate(lines, start=1):
         if not line.strip():
@@ -58,19 +55,16 @@ def read_log_records(path: str | Path) -> tuple[dict[str, Any], list[tuple[int, 
             if number >= len(lines) - 1:  # torn last line of an interrupted write
                 break
             raise FileFormatError(f"{path}:{number}", None, f"not valid JSON ({exc.msg})") from exc
-    header = records[0][1] if records else None
-    if not isinstance(header, dict) or header.get("format") != LOG_FORMAT:
-        raise FileFormatError(path, "format", f"expected a '{LOG_FORMAT}' header on the first line")
-    if header.get("version", 0) > LOG_VERSION:
-        raise FileFormatError(path, "version", f"newer than this headprobe reads (up to {LOG_VERSION})")
-    if not isinstance(header.get("settings"), dict):
-        raise FileFormatError(path, "settings", "expected the run's settings (an object) in the header")
+        except RecursionError:
+            raise FileFormatError(f"{path}:{number}", None, "JSON nested too deeply to read") from None
+    settings = check_log_header(path, records[0][1] if records else None, LOG_FORMAT, LOG_VERSION)
     for number, trial in records[1:]:
         if not isinstance(trial, dict):
-            raise FileFormatError(f"{path}:{number}", None, "expected one JSON object a line")
+            raise FileFormatError(f"{path}:{number}", None,
+                                  f"expected a trial object, found {type(trial).__name__}")
         if not isinstance(trial.get("trial"), str):
-            raise FileFormatError(f"{path}:{number}", "trial", "missing trial id")
-    return header["settings"], records[1:]
+            raise FileFormatError(f"{path}:{number}", "trial", "missing trial id (expected a string)")
+    return settings, records[1:]
 
 
 def read_log(path: str | Path) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -87,8 +81,11 @@ def settings_diff(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     machine with the same needle file still matches.
     """
     def comparable(value: Any) -> Any:
-        if isinstance(value, dict) and "fingerprint" in value:
-            return {k: v for k, v in value.items() if k not in _LOCATION_KEYS}
+        if isinstance(value, dict):
+            located = "fingerprint" in value
+            return {k: comparable(v) for k, v in value.items() if not (located and k in _LOCATION_KEYS)}
+        if isinstance(value, list):
+            return [comparable(v) for v in value]
         return value
 
     return sorted(k for k in set(old) | set(new)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import HeadprobeError, param
+from ..files.jsonio import read_text
 from ..paths import haystacks_dir
 
 
@@ -50,7 +51,4 @@ def load_haystack(path: str | Path | None = None) -> Haystack:
 
 
 def _read(path: Path) -> str:
-    try:
-        return path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise HeadprobeError(f"{path}: not UTF-8 text") from exc
+    return read_text(path, "haystack text file")

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-from ..errors import FileFormatError, HeadprobeError
-from ..files.jsonio import file_fingerprint, iter_jsonl_objects
+from ..errors import FileFormatError, HeadprobeError, param
+from ..files.jsonio import file_fingerprint, iter_jsonl_objects, read_text
 from ..paths import haystacks_dir
 
 NEEDLE_KINDS = ("retrieval", "reasoning")
@@ -68,13 +70,10 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
         needle, a reasoning needle whose candidates do not fit, or a duplicate id.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except FileNotFoundError as exc:
-        raise HeadprobeError(f"{path}: no such needle file") from exc
+    text = read_text(path, "needle file")
     needles: list[Needle] = []
     seen: set[str] = set()
-    for where, obj in iter_jsonl_objects(path, "\n".join(lines)):
+    for where, obj in iter_jsonl_objects(path, text):
         for key in ("id", "kind", "needle", "question", "answer"):
             if not isinstance(obj.get(key), str) or not obj[key].strip():
                 raise FileFormatError(where, key, "missing or not a non-empty string")
@@ -97,6 +96,8 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
                     raise FileFormatError(where, "candidates", f"{c!r} does not occur inside the needle text")
             candidates = tuple(cands)
         facts = obj.get("facts") or []
+        if not (isinstance(facts, list) and all(isinstance(f, str) for f in facts)):
+            raise FileFormatError(where, "facts", "expected a list of fact sentences")
         needles.append(Needle(id=obj["id"], kind=obj["kind"], needle=obj["needle"], question=obj["question"],
                               answer=obj["answer"], candidates=candidates, facts=tuple(facts)))
     if not needles:
@@ -112,3 +113,122 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
 
 def needle_set_fingerprint(path: str | Path) -> str:
     return file_fingerprint(path)
+
+
+def needle_file_list(needle_files: Iterable[str | Path] | Mapping[str, str | Path] | None) -> list[Path]:
+    """The needle files a run was given, in order: a list of paths, or (the older form) a
+    ``{kind: path}`` mapping, read as its paths. Each needle's own ``kind`` decides which pass uses it."""
+    if not needle_files:
+        return []
+    if isinstance(needle_files, (str, Path)):
+        return [Path(needle_files)]
+    paths = needle_files.values() if isinstance(needle_files, Mapping) else needle_files
+    return [Path(p) for p in paths]
+
+
+def check_needle_files(files: list[Path], kinds: Iterable[str]) -> dict[Path, set[str]]:
+    """Read every needle file before a run starts and refuse one that no requested pass would use.
+
+    Parameters
+    ----------
+    files
+        The needle files given (see :func:`needle_file_list`).
+    kinds
+        The needle kinds the requested probes read (``"retrieval"`` and/or ``"reasoning"``).
+
+    Returns
+    -------
+    dict
+        ``{path: kinds of its needles}``.
+
+    Raises
+    ------
+    HeadprobeError
+        A file given twice, a file none of whose needles is of a requested kind, or a needle id that two
+        files of the same kind share (trial ids are made from needle ids).
+    """
+    wanted = set(kinds)
+    found: dict[Path, set[str]] = {}
+    owner: dict[tuple[str, str], Path] = {}
+    for path in files:
+        if any(path.resolve() == other.resolve() for other in found):
+            raise HeadprobeError(f"{param('needle_files', str(path))}: given twice")
+        needles = load_needles(path)
+        found[path] = {n.kind for n in needles}
+        if not found[path] & wanted:
+            have = " and ".join(sorted(found[path]))
+            used_by = {"retrieval": "retrieval or enhanced_retrieval", "reasoning": "retrieval_reasoning"}
+            raise HeadprobeError(f"{param('needle_files', str(path))}: holds only {have} needles, which no requested "
+                                 f"probe reads (the {' and '.join(used_by[k] for k in sorted(found[path]))} "
+                                 "probe does)")
+        for n in needles:
+            if (n.kind, n.id) in owner:
+                raise FileFormatError(path, "id", f"needle id {n.id!r} is also in {owner[(n.kind, n.id)]}; "
+                                      "ids must be unique across the needle files of a run")
+            owner[(n.kind, n.id)] = path
+    return found
+
+
+def gather_needles(files: list[Path], kind: str, ids: list[str] | None = None) -> tuple[list[Path], list[Needle]]:
+    """The needles of ``kind`` from every given file that holds some, in file order; the shipped needle
+    set of that kind when none does.
+
+    Parameters
+    ----------
+    files
+        Needle files of any kinds (see :func:`needle_file_list`).
+    kind
+        ``"retrieval"`` or ``"reasoning"``.
+    ids
+        Keep only these needle ids (``None`` for all).
+
+    Returns
+    -------
+    files, needles
+        The files the needles came from and the needles.
+
+    Raises
+    ------
+    HeadprobeError
+        When none of ``ids`` is among the needles.
+    """
+    used: list[Path] = []
+    needles: list[Needle] = []
+    for path in files:
+        mine = [n for n in load_needles(path) if n.kind == kind]
+        if mine:
+            used.append(path)
+            needles.extend(mine)
+    if not used:
+        used = [shipped_needle_file(kind)]
+        needles = [n for n in load_needles(used[0]) if n.kind == kind]
+    if ids:
+        chosen = [n for n in needles if n.id in set(ids)]
+        if not chosen:
+            where = ", ".join(str(p) for p in used)
+            raise HeadprobeError(f"{param('needle_ids')}: none of {', '.join(ids)} is among the {kind} needles of "
+                                 f"{where}")
+        needles = chosen
+    return used, needles
+
+
+def needle_set_record(files: list[Path], needles: list[Needle],
+                      namer: Callable[[Path], tuple[str, bool]] | None = None) -> dict[str, Any]:
+    """What a trial log (and so a profile) records about the needles of a pass: each file with its
+    fingerprint, and the needle ids. One file: ``{"path", "fingerprint", "ids"}``; several:
+    ``{"files": [{"path", "fingerprint"}, ...], "ids"}``.
+
+    ``namer`` maps a file to ``(name, shipped)`` (e.g. a portable name); the entries then carry ``shipped``
+    too. Without it a file is named by its path as given.
+    """
+    def entry(p: Path) -> dict[str, Any]:
+        if namer is None:
+            return {"path": str(p), "fingerprint": file_fingerprint(p)}
+        name, shipped = namer(p)
+        return {"path": name, "shipped": shipped, "fingerprint": file_fingerprint(p)}
+
+    entries = [entry(Path(p)) for p in files]
+    ids = [n.id for n in needles]
+    if len(entries) == 1:
+        return {**entries[0], "ids": ids}
+    return {"files": entries, "ids": ids}

@@ -31,12 +31,20 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
-from ..files.jsonio import atomic_write_json, atomic_write_text, file_fingerprint, read_json
+from ..files.jsonio import (
+    atomic_write_json,
+    atomic_write_text,
+    file_fingerprint,
+    make_output_dir,
+    read_json,
+    read_text,
+)
 from ..files.overwrite import check_overwrite
 from ..head_ranking import rank_order
+from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import Profile
-from .known import import_identity
+from .known import check_import_index, import_identity
 
 TSV_NAME = "full_attention_heads.tsv"
 CONFIG_NAME = "config.json"
@@ -57,17 +65,16 @@ DUO_MODEL_TYPES = ("llama", "mistral", "mixtral")
 def read_tsv(path: str | Path) -> np.ndarray:
     """Read a ``full_attention_heads.tsv`` into ``float64 [layers][kv_heads]`` (rows must be equal length)."""
     path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise HeadprobeError(f"{path}: no such file") from None
+    text = read_text(path, "DuoAttention pattern file")
     rows = [line for line in text.splitlines() if line.strip()]
     if not rows:
         raise FileFormatError(path, None, "empty; expected one tab-separated row of scores per layer")
     out = []
     for i, line in enumerate(rows):
+        cells = line.strip().split("\t")
+        check_import_index(path, f"row {i}", i, len(cells) - 1)
         try:
-            out.append([float(x) for x in line.strip().split("\t")])
+            out.append([float(x) for x in cells])
         except ValueError:
             raise FileFormatError(path, f"row {i}", "expected tab-separated numbers") from None
         if len(out[-1]) != len(out[0]):
@@ -363,6 +370,9 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
         When the split runs through equal scores, for models DuoAttention's patch does not support, and
         for models with one KV head (see :func:`consumer_warnings`).
     """
+    for name, value in (("sink_size", sink_size), ("recent_size", recent_size)):
+        if value is not None:
+            check_count(name, value, minimum=0)
     folder = check_overwrite(folder, force)
     raw = export_scores(source, reduction)
     prior = source.probe.get("config", {}) if isinstance(source, Profile) else {}
@@ -394,7 +404,7 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
         }
     for message in consumer_warnings(source.model):
         warnings.warn(message, UserWarning, stacklevel=2)
-    folder.mkdir(parents=True, exist_ok=True)
+    make_output_dir(folder)
     atomic_write_text(folder / TSV_NAME, tsv_text(values))
     atomic_write_json(folder / CONFIG_NAME, config, indent=None)
     return folder

@@ -20,7 +20,7 @@ from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
 from ..files.overwrite import check_overwrite
 from ..models.identity import ModelIdentity
 from ..profile import PROFILE_KINDS, Profile, reduce_groups
-from .known import import_identity
+from .known import check_import_index, check_import_shape, import_model_identity
 
 _KEY = re.compile(r"^(\d+)-(\d+)$")
 
@@ -45,10 +45,12 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
     Raises
     ------
     FileFormatError
-        Keys not ``"<layer>-<head>"``, missing heads, empty or non-numeric score lists.
+        Keys not ``"<layer>-<head>"``, an index beyond the model (or, before the model is known, of
+        :data:`~headprobe.interop.known.MAX_IMPORT_INDEX` or more), missing heads, empty or non-numeric
+        score lists.
     """
     path = Path(path)
-    obj = read_json(path)
+    obj = read_json(path, "score file")
     if not isinstance(obj, dict) or not obj:
         raise FileFormatError(path, None, 'expected a JSON object {"<layer>-<head>": [scores]}')
     cells: dict[tuple[int, int], float] = {}
@@ -57,6 +59,7 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
         m = _KEY.match(key)
         if not m:
             raise FileFormatError(path, key, 'keys must look like "<layer>-<queryhead>", e.g. "12-7"')
+        check_import_index(path, key, int(m.group(1)), int(m.group(2)))
         vals = value if isinstance(value, list) else [value]
         if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
             raise FileFormatError(path, key, "expected a non-empty list of numbers")
@@ -65,16 +68,22 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
             raise FileFormatError(path, key, "scores must be finite")
         cells[(int(m.group(1)), int(m.group(2)))] = mean
         trials.add(len(vals))
-    layers = 1 + max(layer for layer, _ in cells)
-    heads = 1 + max(h for _, h in cells)
-    missing = [f"{layer}-{h}" for layer in range(layers) for h in range(heads) if (layer, h) not in cells]
-    if missing:
-        raise FileFormatError(path, missing[0], f"missing ({len(missing)} of {layers * heads} heads absent; "
-                              "every layer-head key must be present)")
     stem = path.stem
     for suffix in ("_retrieval_reasoning_heads", "_retrieval_heads"):
         stem = stem.removesuffix(suffix)
-    ident = import_identity(path, stem, model, layers, heads, "query")
+    ident = import_model_identity(path, stem, model)
+    for layer, h in cells:
+        if layer >= ident.num_layers or h >= ident.num_query_heads:
+            raise FileFormatError(path, f"{layer}-{h}", f"beyond {ident.name}, which has {ident.num_layers} layers "
+                                  f"x {ident.num_query_heads} query heads")
+    layers = 1 + max(layer for layer, _ in cells)
+    heads = 1 + max(h for _, h in cells)
+    absent = layers * heads - len(cells)
+    if absent:
+        first = next(f"{layer}-{h}" for layer in range(layers) for h in range(heads) if (layer, h) not in cells)
+        raise FileFormatError(path, first, f"missing ({absent} of {layers * heads} heads absent; "
+                              "every layer-head key must be present)")
+    check_import_shape(path, ident, layers, heads, "query")
     if kind is None:
         kind = "retrieval_reasoning" if "reasoning" in path.stem else "retrieval"
     if kind not in PROFILE_KINDS or kind == "layer_retention":

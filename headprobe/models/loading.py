@@ -94,8 +94,15 @@ def resolve_model(model: str) -> ResolvedModel:
         if spec.gguf_package:
             return ResolvedModel(spec.hf_id, f"gguf:{spec.gguf_package}", "", spec)
         return ResolvedModel(spec.hf_id, f"hub:{spec.hf_id}", spec.hf_id, spec)
-    path = Path(model).expanduser()
+    if not isinstance(model, str) or not model.strip():
+        raise HeadprobeError(f"{param('model', model)}: expected an alias, a Hugging Face id or a model folder")
+    try:
+        path = Path(model).expanduser()
+    except RuntimeError:   # "~user/..." for a user that does not exist
+        raise HeadprobeError(f"{param('model', model)}: no such directory (no user "
+                             f"{model[1:].split('/', 1)[0]!r} to expand '~' for)") from None
     if path.is_dir():
+        check_model_folder(path, model)
         return ResolvedModel(_local_name(path), f"local:{path.resolve()}", str(path.resolve()))
     if model.startswith((".", "/", "~")) or os.sep in model and path.parent.exists() and not _looks_like_hub_id(model):
         raise HeadprobeError(f"{param('model', model)}: no such directory")
@@ -153,6 +160,8 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         path = str(_converted_gguf(resolved.spec))
     else:
         _check_remote_code(path, model, trust_remote_code)
+        if resolved.source.startswith("local:"):
+            check_model_folder(Path(path), model, weights=True)
 
     # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
     # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
@@ -164,8 +173,8 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         with quiet_weight_loading():
             hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except OSError as exc:
-        raise HeadprobeError(f"{param('model', model)}: cannot load ({str(exc).splitlines()[0]})") from exc
+    except (OSError, ValueError) as exc:   # missing or unreadable files, a config transformers cannot use
+        raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
     hf_model.eval()
     if not getattr(tokenizer, "is_fast", False):
         raise HeadprobeError(f"{param('model', model)}: needs a fast tokenizer (character offsets locate answer spans)")
@@ -246,8 +255,16 @@ def model_identity(model: str, trust_remote_code: bool = False) -> ModelIdentity
         path = str(_converted_gguf(resolved.spec))
     else:
         _check_remote_code(path, model, trust_remote_code)
-    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    try:
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+    except ValueError as exc:   # a config.json transformers cannot use (unknown model_type, bad values)
+        raise HeadprobeError(f"{param('model', model)}: cannot read its config ({_first_line(exc)})") from exc
     return identity_from_config(config, resolved.name, resolved.source)
+
+
+def _first_line(exc: BaseException) -> str:
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return lines[0] if lines else type(exc).__name__
 
 
 # ---- GGUF models shipped on PyPI ---------------------------------------------------------------
@@ -314,6 +331,29 @@ def _converted_gguf(spec: ModelSpec) -> Path:
 
 
 # ---- helpers -------------------------------------------------------------------------------------
+
+#: Files whose presence makes a folder a model's weights (one of them, or a sharded index).
+WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
+                "pytorch_model.bin.index.json")
+#: Files a fast tokenizer loads from (one of them is enough for ``AutoTokenizer``).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tokenizer_config.json")
+
+
+def check_model_folder(path: Path, model: str, weights: bool = False) -> None:
+    """Refuse a local model folder without ``config.json`` (or, with ``weights``, without weights or a
+    tokenizer) in one line that says what is missing, before transformers tries to read it."""
+    if not (path / "config.json").is_file():
+        raise HeadprobeError(f"{param('model', model)}: {path} has no config.json; expected a folder written by "
+                             "save_pretrained (config, weights, tokenizer)")
+    if not weights:
+        return
+    if not any((path / name).is_file() for name in WEIGHT_FILES) and not any(path.glob("*.safetensors")):
+        raise HeadprobeError(f"{param('model', model)}: {path} has no weights (expected model.safetensors, "
+                             "pytorch_model.bin or a sharded index)")
+    if not any((path / name).is_file() for name in TOKENIZER_FILES):
+        raise HeadprobeError(f"{param('model', model)}: {path} has no tokenizer (expected tokenizer.json "
+                             "or tokenizer_config.json)")
+
 
 def _looks_like_hub_id(name: str) -> bool:
     parts = name.split("/")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 import os
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -19,6 +20,7 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
+from matplotlib.text import Text
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
@@ -46,6 +48,45 @@ def _scores(p: Profile, granularity: str) -> np.ndarray:
     if s is None:
         raise HeadprobeError(f"{p.kind} profile of {_short(p.model.name)} has no head scores to plot")
     return np.asarray(s, dtype=np.float64)
+
+
+def fit_title(fig: Figure, title: Text, min_fontsize: int = 7, max_lines: int = 3) -> Text:
+    """Wrap and, if need be, shrink a title until it lies inside the figure.
+
+    A narrow figure (few heads per layer) cannot hold a long title on one line at the default size.
+    Each paragraph of the title is split at word boundaries into at most 1, 2, ... ``max_lines`` lines of
+    even length, each tried at the title's size and up to two points smaller; past that the font shrinks
+    to ``min_fontsize``. The first form whose drawn extent (measured after the layout engine has placed
+    it) lies inside the figure is kept.
+
+    Parameters
+    ----------
+    title
+        The ``Text`` of ``fig.suptitle(...)`` or ``ax.set_title(...)``.
+    """
+    paragraphs = title.get_text().split("\n")
+    size = round(title.get_fontsize())
+    tries = [(lines, s) for lines in range(1, max_lines + 1) for s in range(size, max(size - 3, min_fontsize - 1), -1)]
+    tries += [(max_lines, s) for s in range(size - 3, min_fontsize - 1, -1)]
+    for lines, s in tries:
+        title.set_fontsize(s)
+        title.set_text("\n".join(_balanced_wrap(p, lines) for p in paragraphs))
+        fig.draw_without_rendering()
+        box, frame = title.get_window_extent(), fig.bbox
+        if box.x0 >= frame.x0 and box.x1 <= frame.x1 and box.y0 >= frame.y0 and box.y1 <= frame.y1:
+            return title
+    return title
+
+
+def _balanced_wrap(text: str, lines: int) -> str:
+    """``text`` split at spaces into at most ``lines`` lines whose longest is as short as it can be."""
+    if lines <= 1 or " " not in text:
+        return text
+    for width in range(math.ceil(len(text) / lines), len(text) + 1):
+        wrapped = textwrap.wrap(text, width, break_on_hyphens=False, break_long_words=False)
+        if len(wrapped) <= lines:
+            return "\n".join(wrapped)
+    return text
 
 
 def _size(layers: int, heads: int, panels: int = 1) -> tuple[float, float]:
@@ -90,8 +131,9 @@ def head_heatmap(profile: Profile, granularity: str = "query", top_k: int = 5) -
     ax.set_xlabel(unit)
     ax.set_ylabel("layer")
     tops = ", ".join(f"{l}-{h}" for l, h in top[:5])
-    ax.set_title(f"{_short(profile.model.name)}: {_probe_label(profile)} scores per {unit}"
-                 + (f"\ntop {len(top)}: {tops}" if top else ""), fontsize=11)
+    title = ax.set_title(f"{_short(profile.model.name)}: {_probe_label(profile)} scores per {unit}"
+                         + (f"\ntop {len(top)}: {tops}" if top else ""), fontsize=11)
+    fit_title(fig, title)
     return fig
 
 
@@ -141,8 +183,8 @@ def compare_heatmaps(first: Profile, second: Profile, granularity: str = "query"
         ax.set_xlabel(unit)
         ax.set_ylabel("layer")
     rho = spearman(a, b)
-    fig.suptitle(f"{_short(first.model.name)}: {_probe_label(first)} vs {_probe_label(second)}, "
-                 f"Spearman ρ = {rho:.2f}", fontsize=11)
+    fit_title(fig, fig.suptitle(f"{_short(first.model.name)}: {_probe_label(first)} vs {_probe_label(second)}, "
+                                f"Spearman ρ = {rho:.2f}", fontsize=11))
     return fig
 
 
@@ -187,14 +229,15 @@ def budget_heatmap(bm: BudgetMap, top_k: int = 5) -> Figure:
     bar.tick_params(labelsize=8)
     m = bm.method
     params = ", ".join(f"{k}={m[k]}" for k in ("beta", "capacity", "window") if m.get(k) is not None)
-    fig.suptitle(f"{_short(bm.model.name)}: {m.get('allocator')} budgets ({params}); total {int(b.sum())}",
-                 fontsize=11)
+    fit_title(fig, fig.suptitle(f"{_short(bm.model.name)}: {m.get('allocator')} budgets ({params}); "
+                                f"total {int(b.sum())}", fontsize=11))
     return fig
 
 
 def save_figure(fig: Figure, path: str | Path, fmt: str | None = None, force: bool = False, dpi: int = 150) -> Path:
     """Save ``fig`` as PNG (default) or SVG (``fmt="svg"`` or a ``.svg`` path); refuses to overwrite
     without ``force``. The figure is closed afterwards."""
+    from ..files.jsonio import make_output_dir
     from ..files.overwrite import check_overwrite
 
     path = Path(path)
@@ -204,11 +247,16 @@ def save_figure(fig: Figure, path: str | Path, fmt: str | None = None, force: bo
     if path.suffix.lstrip(".").lower() != fmt:
         path = path.with_suffix(f".{fmt}")
     check_overwrite(path, force)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_output_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp")
-    fig.savefig(tmp, format=fmt, dpi=dpi)
-    os.replace(tmp, path)
-    plt.close(fig)
+    try:
+        fig.savefig(tmp, format=fmt, dpi=dpi)
+        os.replace(tmp, path)
+    except OSError as exc:
+        tmp.unlink(missing_ok=True)
+        raise HeadprobeError(f"{path}: cannot write the image ({exc.strerror})") from exc
+    finally:
+        plt.close(fig)
     return path
 
 

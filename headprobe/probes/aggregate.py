@@ -85,6 +85,24 @@ def retention_profile(identity: ModelIdentity, settings: dict[str, Any], records
                    retention_settings={k: settings.get(k) for k in keys if k in settings})
 
 
+def read_profile_log(path: str | Path) -> tuple[dict[str, Any], list[tuple[int, dict[str, Any]]]]:
+    """Read a profiling pass's trial log: ``(settings, [(line number, trial), ...])``. ``settings.pass`` must
+    name a pass and ``settings.model`` be a model identity, besides what
+    :func:`~headprobe.files.trial_log.read_log_records` checks.
+
+    Raises
+    ------
+    FileFormatError
+        Naming the settings field that is missing or of the wrong type.
+    """
+    settings, records = read_log_records(path)
+    if settings.get("pass") not in ("retrieval", "reasoning", "layer_retention"):
+        raise FileFormatError(path, "settings.pass", "expected retrieval, reasoning or layer_retention, found "
+                              f"{settings.get('pass')!r}")
+    ModelIdentity.from_json(settings.get("model"), path, "settings.model")
+    return settings, records
+
+
 # ---- checking records ----------------------------------------------------------------------------
 
 def score_kinds(settings: dict[str, Any]) -> tuple[str, ...]:
@@ -208,12 +226,12 @@ def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLo
     """
     if not paths:
         raise HeadprobeError("merge: no trial logs given")
-    settings, _ = read_log_records(paths[0])
+    settings, _ = read_profile_log(paths[0])
     merged: dict[str, dict[str, Any]] = {}
     where_of: dict[str, str] = {}
     shards: list[list[int]] = []
     for path in paths:
-        other, numbered = read_log_records(path)
+        other, numbered = read_profile_log(path)
         diff = settings_diff(settings, other)
         if diff:
             raise HeadprobeError(f"{path}: made with other settings than {paths[0]} ({', '.join(diff)})")

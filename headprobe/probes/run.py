@@ -16,12 +16,13 @@ from ..files.overwrite import check_overwrite
 from ..files.trial_log import TrialLog, read_log_records, settings_diff
 from ..haystack.context import build_context
 from ..haystack.corpus import Haystack, load_haystack
-from ..haystack.needles import Needle, load_needles, needle_set_fingerprint, shipped_needle_file
+from ..haystack.needles import Needle, check_needle_files, gather_needles, needle_file_list, needle_set_record
 from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..paths import haystacks_dir
 from ..profile import Profile
 from .aggregate import check_trial_records, merge_logs, profiles_from_log
+from .gates import GateChoice, check_gate, choose_gate
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
 from .trial_grid import TrialSpec, make_grid, shard_trials
@@ -45,14 +46,18 @@ class ProfileRequest:
     lengths, depths, seeds
         The needle grid (depths as fractions).
     needle_files
-        ``{"retrieval": path, "reasoning": path}``; missing kinds use the shipped needle sets.
+        Needle files of any kinds: each needle's ``kind`` decides which pass uses it, every file must hold
+        needles of a requested pass, and a kind no file holds uses the shipped needle set (a
+        ``{kind: path}`` mapping is read as its paths).
     needle_ids
         Restrict to these needle ids (``None`` for all).
     haystack
         Text file or folder, ``None`` for the shipped corpus.
     gate
-        Retrieval-reasoning gate: ``"published"`` (QA-F1 > 0.5) or ``"likelihood"`` (correct candidate
-        more likely than the distractor).
+        Retrieval-reasoning gate: ``"published"`` (QA-F1 > 0.5), ``"likelihood"`` (correct candidate
+        more likely than the distractor), or ``"auto"``: likelihood for models under 1B parameters,
+        published for larger ones (:func:`~headprobe.probes.gates.choose_gate`; the log and the profile
+        record the choice).
     tasks, samples_per_task
         Layer-retention task types (``None``: all shipped) and samples per task.
     name
@@ -68,7 +73,7 @@ class ProfileRequest:
     out_dir: Path
     mode: str = "fast"
     seeds: list[int] = field(default_factory=lambda: [0])
-    needle_files: dict[str, Path] = field(default_factory=dict)
+    needle_files: list[Path] | dict[str, Path] = field(default_factory=list)
     needle_ids: list[str] | None = None
     haystack: str | None = None
     chat_template: bool = True
@@ -225,7 +230,8 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
 
 
 def check_request(request: ProfileRequest) -> None:
-    """Refuse unknown probes and modes, and a grid of impossible values, before any work starts."""
+    """Refuse unknown probes and modes, a grid of impossible values, and needle files no requested pass
+    reads, before any work starts."""
     for probe in request.probes:
         if probe not in PROBES:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
@@ -240,6 +246,8 @@ def check_request(request: ProfileRequest) -> None:
     for depth in request.depths:
         if not (isinstance(depth, (int, float)) and math.isfinite(depth) and 0 <= depth <= 1):
             raise HeadprobeError(f"{param('depths', depth)}: expected a depth between 0 and 1")
+    check_gate(request.gate)
+    check_needle_files(needle_file_list(request.needle_files), needle_kinds(request.probes))
 
 
 def check_grid(loaded, request: ProfileRequest, kind: str, needles: list[Needle], haystack: Haystack) -> None:
@@ -267,6 +275,12 @@ def check_grid(loaded, request: ProfileRequest, kind: str, needles: list[Needle]
             raise HeadprobeError(f"{exc} ({kind} needle {needle.id})") from None
     build_context(loaded.tokenizer, haystack, needles[0], longest, request.depths[0], request.chat_template,
                   max_context)
+
+
+def needle_kinds(probes: list[str]) -> set[str]:
+    """The needle kinds (``"retrieval"``, ``"reasoning"``) the passes of ``probes`` read."""
+    return {"retrieval" if p == "retrieval" else "reasoning" for p in probe_passes(probes)
+            if p != "layer_retention"}
 
 
 def probe_passes(probes: list[str]) -> list[str]:
@@ -313,21 +327,20 @@ def portable_file_name(path: str | Path) -> tuple[str, bool]:
         return resolved.name, False
 
 
-def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_path: Path,
-                    needles: list[Needle], haystack: Haystack) -> dict[str, Any]:
-    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``).
+def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: str, needle_paths: list[Path],
+                    needles: list[Needle], haystack: Haystack, gate: GateChoice | None = None) -> dict[str, Any]:
+    """A needle pass's log settings (``pass_name``: ``"retrieval"`` or ``"reasoning"``; ``gate``: the
+    reasoning pass's gate, see :func:`~headprobe.probes.gates.choose_gate`).
 
-    The needle file is named portably (:func:`portable_file_name`) beside its fingerprint, as is a
+    Each needle file is named portably (:func:`portable_file_name`) beside its fingerprint, as is a
     user's haystack.
     """
-    needle_name, shipped = portable_file_name(needle_path)
     haystack_name = haystack.name if request.haystack is None else portable_file_name(request.haystack)[0]
     return {**common, "pass": pass_name, "probes": _pass_probes(request, pass_name),
             "lengths": list(request.lengths), "depths": _rounded_depths(request), "seeds": list(request.seeds),
-            "needle_set": {"path": needle_name, "shipped": shipped,
-                           "fingerprint": needle_set_fingerprint(needle_path), "ids": [n.id for n in needles]},
+            "needle_set": needle_set_record(needle_paths, needles, portable_file_name),
             "haystack": {"name": haystack_name, "fingerprint": haystack.fingerprint},
-            "gate": request.gate if pass_name == "reasoning" else "published",
+            "gate": gate.gate if gate is not None else "published", **(gate.settings() if gate is not None else {}),
             "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
 
 
@@ -339,26 +352,16 @@ def _rounded_depths(request: ProfileRequest) -> list[float]:
     return [round(d, 6) for d in request.depths]
 
 
-def resolve_needles(request: ProfileRequest, kind: str) -> tuple[Path, list[Needle]]:
-    """The needle file of a kind (the request's, else the shipped one) and its needles, restricted to
-    ``request.needle_ids`` when given.
+def resolve_needles(request: ProfileRequest, kind: str) -> tuple[list[Path], list[Needle]]:
+    """The needle files of a kind (the request's files that hold needles of that kind, else the shipped
+    one) and their needles of that kind, restricted to ``request.needle_ids`` when given.
 
     Raises
     ------
     HeadprobeError
-        When none of ``needle_ids`` is in the file, or the file holds needles of another kind.
+        When none of ``needle_ids`` is among them.
     """
-    needle_path = Path(request.needle_files.get(kind) or shipped_needle_file(kind))
-    needles = load_needles(needle_path)
-    if request.needle_ids:
-        chosen = [n for n in needles if n.id in set(request.needle_ids)]
-        if not chosen:
-            raise HeadprobeError(f"{param('needle_ids')}: none of {', '.join(request.needle_ids)} is in {needle_path}")
-        needles = chosen
-    wrong = [n.id for n in needles if n.kind != kind]
-    if wrong:
-        raise HeadprobeError(f"{needle_path}: needles {', '.join(wrong)} are not of kind '{kind}'")
-    return needle_path, needles
+    return gather_needles(needle_file_list(request.needle_files), kind, request.needle_ids)
 
 
 @dataclass
@@ -380,9 +383,10 @@ def _plan_pass(loaded, request: ProfileRequest, common: dict[str, Any], pass_nam
                    for s in group]
         return _PassPlan(pass_name, retention_settings(common, request, samples), samples=samples)
     kind = "retrieval" if pass_name == "retrieval" else "reasoning"
-    needle_path, needles = resolve_needles(request, kind)
+    needle_paths, needles = resolve_needles(request, kind)
     check_grid(loaded, request, kind, needles, base_haystack)
-    settings = needle_settings(common, request, pass_name, needle_path, needles, base_haystack)
+    gate = choose_gate(request.gate, loaded) if pass_name == "reasoning" else None
+    settings = needle_settings(common, request, pass_name, needle_paths, needles, base_haystack, gate)
     return _PassPlan(pass_name, settings, needles=needles, haystack=base_haystack)
 
 

@@ -9,6 +9,7 @@ import torch
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
+from ..limits import check_count
 from ..models.loading import transformers_model
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
@@ -90,6 +91,8 @@ def parse_policy_options(items: list[str], what: str | None = None) -> dict[str,
 def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio: float | None,
                      identity: Any = None, capacity: int | None = None) -> BudgetSource:
     """Normalise the budget arguments of :func:`generate_compressed`."""
+    if capacity is not None:
+        check_count("capacity", capacity)
     if ratio is not None:
         if budget is not None:
             raise HeadprobeError(f"give {param('budget')} or {param('ratio')}, not both")
@@ -100,8 +103,8 @@ def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio:
         budget = BudgetMap.load(budget)
     if isinstance(budget, BudgetMap):
         return MapBudget(budget, capacity=capacity, identity=identity)
-    if isinstance(budget, int):
-        return UniformBudget(budget)
+    if isinstance(budget, int) and not isinstance(budget, bool):
+        return UniformBudget(check_count("capacity", budget))
     if budget is None:
         return UniformBudget(capacity or DEFAULT_CAPACITY)
     raise HeadprobeError(f"{param('budget')} {budget!r}: expected a budget file, a BudgetMap, a capacity or a ratio")
@@ -137,6 +140,7 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     -------
     GenerationResult
     """
+    check_count("max_new_tokens", max_new_tokens)
     hf_model, tokenizer, input_ids, attention_mask = prepare_inputs(model, prompts, tokenizer, input_ids,
                                                                     attention_mask, chat)
     cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, attention_mask)

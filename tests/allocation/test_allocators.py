@@ -336,3 +336,71 @@ def test_errors_name_parameters_in_the_callers_spelling():
             allocate("headkv", [p])
         with pytest.raises(HeadprobeError, match=r"a prompt length \(--prompt-len\)"):
             allocate("headkv", [head_profile()], ratio=0.1)
+
+
+# ---- temperature and huge scores: log-space weights, never a silent uniform map -------------------------
+
+def test_tiny_temperature_gives_the_pool_to_the_best_head():
+    p = head_profile(3)
+    kv = np.asarray(p.kv_heads)
+    bm = allocate("headkv", [p], capacity=128, window=8, beta=1.2, temperature=1e-5)
+    b = np.asarray(bm.budgets)
+    floor = headkv_floor(128, 8, 1.2)
+    best = np.unravel_index(kv.argmax(), kv.shape)
+    assert b[best] == floor + (128 - floor) * kv.size     # score ** 1e5: all of the pool
+    assert np.count_nonzero(b != floor) == 1
+    assert bm.method["temperature"] == 1e-5 and bm.method["fallback"] is None
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0, 3.0])
+def test_temperature_weights_are_score_to_the_power_one_over_t(temperature):
+    from headprobe.allocation.common import prepare_scores
+
+    s = np.random.default_rng(1).random((30, 3)) ** 2
+    s[4, 1] = 0.0
+    weights, fell_back = prepare_scores(s, temperature)
+    direct = s ** (1 / temperature)
+    assert not fell_back and weights[4, 1] == 0.0
+    np.testing.assert_allclose(weights, direct / direct.sum(), rtol=1e-12)
+
+
+def test_huge_temperature_spreads_evenly_over_scored_heads():
+    from headprobe.allocation.common import prepare_scores
+
+    s = np.random.default_rng(2).random((30, 3))
+    s[0, 0] = 0.0
+    weights, _ = prepare_scores(s, 1e300)
+    assert weights[0, 0] == 0.0
+    np.testing.assert_allclose(weights.ravel()[1:], 1 / 89, rtol=1e-12)
+
+
+@pytest.mark.parametrize("temperature", [None, 1.0, 0.7])
+def test_scores_whose_sum_overflows_allocate_like_the_same_scores_scaled_down(temperature):
+    q = np.random.default_rng(4).random((30, 9)) ** 3
+    q[12, 4] = q[20, 7] = 1.0                                  # the two largest
+    huge = head_profile(scores=q * 1e308)                     # their sum is inf in float64
+    small = head_profile(scores=q)
+    a = allocate("headkv", [huge], temperature=temperature)
+    b = allocate("headkv", [small], temperature=temperature)
+    assert a.budgets == b.budgets and a.method["fallback"] is None
+    assert len({x for row in a.budgets for x in row}) > 2      # not the uniform map
+
+
+def test_largest_remainder_survives_an_overflowing_sum_and_refuses_nan():
+    assert largest_remainder(np.array([1e308, 1e308, 0.0]), 9).tolist() == [5, 4, 0]
+    with pytest.raises(ValueError, match="finite"):
+        largest_remainder(np.array([1.0, np.nan]), 4)
+
+
+@pytest.mark.parametrize("kwargs, names", [
+    ({"prompt_len": -5, "clamp": True}, ["prompt_len=-5"]),
+    ({"capacity": 10**20}, [f"capacity={10**20}", "2147483647"]),
+    ({"window": -1}, ["window=-1"]),
+    ({"temperature": 0.0}, ["temperature=0.0"]),
+    ({"temperature": float("inf")}, ["temperature=inf"]),
+])
+def test_out_of_range_parameters_name_themselves(kwargs, names):
+    with pytest.raises(HeadprobeError) as info:
+        allocate("headkv", [head_profile()], **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and all(n in message for n in names), message

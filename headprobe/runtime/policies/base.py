@@ -223,8 +223,17 @@ def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
 
 
 def check_window(policy: Policy, minimum: int = 1) -> None:
+    """Refuse a ``window`` (recent tokens every head keeps) below ``minimum``."""
     if policy.window < minimum:
         raise HeadprobeError(f"policy {policy.name}: window {policy.window}: expected at least {minimum}")
+
+
+def check_kernel_size(policy: Policy) -> None:
+    """Refuse a pooling ``kernel_size`` that is not odd and positive: the pooled scores keep the prompt's
+    length only with an odd kernel (padding ``kernel_size // 2`` on each side)."""
+    k = policy.kernel_size
+    if k < 1 or k % 2 == 0:
+        raise HeadprobeError(f"policy {policy.name}: kernel_size {k}: expected an odd positive integer")
 
 
 # ---- policies ------------------------------------------------------------------------------------------
@@ -251,6 +260,10 @@ class Policy:
     #: State shared by the layers of one cache (``ctx.shared``): a class built with no arguments, or None.
     cache_state: ClassVar[type | None] = None
     window: int = 8
+
+    def __post_init__(self) -> None:
+        """Check the options; a policy with options of its own overrides this and checks its window too."""
+        check_window(self, 0)
 
     # ---- options ---------------------------------------------------------------------------------
 

@@ -23,7 +23,7 @@ import torch
 from ...allocation.clamp import split_with_caps
 from ...errors import HeadprobeError
 from ..store import LayerStore, Selection
-from .base import LayerContext, ScorerPolicy, check_window, prompt_prefix
+from .base import LayerContext, ScorerPolicy, check_kernel_size, check_window, prompt_prefix
 from .snapkv import window_scores
 
 
@@ -69,6 +69,7 @@ class DynamicKV(ScorerPolicy):
 
     def __post_init__(self) -> None:
         check_window(self)
+        check_kernel_size(self)
         if self.interval < 1 or self.r_max < 1:
             raise HeadprobeError("policy dynamickv: interval and r_max must be at least 1")
 

@@ -21,7 +21,7 @@ import torch
 
 from ...errors import HeadprobeError
 from ..store import LayerStore
-from .base import LayerContext, ScorerPolicy, check_window
+from .base import LayerContext, ScorerPolicy, check_kernel_size, check_window
 from .merge import KEY_MERGES, merge_groups, most_similar
 from .snapkv import window_scores
 
@@ -58,8 +58,9 @@ class KeepKV(ScorerPolicy):
             raise HeadprobeError(f"policy keepkv: threshold {self.threshold}: expected a cosine in [-1, 1]")
         if not 0.0 <= self.ema_decay < 1.0:
             raise HeadprobeError(f"policy keepkv: ema_decay {self.ema_decay}: expected a value in [0, 1)")
-        if self.score_window < 1 or self.kernel_size < 1:
-            raise HeadprobeError("policy keepkv: score_window and kernel_size must be at least 1")
+        if self.score_window < 1:
+            raise HeadprobeError(f"policy keepkv: score_window {self.score_window}: expected at least 1")
+        check_kernel_size(self)
 
     # ---- prefill -----------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ...errors import HeadprobeError
 from ..kernels.dispatch import ragged_attention
 from ..store import LayerStore
-from .base import LayerContext, Policy
+from .base import LayerContext, Policy, check_window
 
 
 def keydiff_scores(keys: torch.Tensor, valid: torch.Tensor, anchor: str = "normalized") -> torch.Tensor:
@@ -46,6 +46,7 @@ class KeyDiff(Policy):
     recent_share: float = 0.0
 
     def __post_init__(self) -> None:
+        check_window(self, 0)
         if self.anchor not in ("normalized", "raw"):
             raise HeadprobeError(f"policy keydiff: anchor {self.anchor!r}: expected normalized or raw")
         if not 0.0 <= self.recent_share < 1.0:

@@ -14,7 +14,7 @@ import torch
 
 from ...attention.rows import attention_rows, pooled_window_scores
 from ...errors import HeadprobeError
-from .base import LayerContext, ScorerPolicy, check_window, prompt_prefix
+from .base import LayerContext, ScorerPolicy, check_kernel_size, check_window, prompt_prefix
 
 
 def window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str = "max") -> torch.Tensor:
@@ -76,8 +76,7 @@ class SnapKV(ScorerPolicy):
         check_window(self)
         if self.pooling not in ("max", "avg"):
             raise HeadprobeError(f"policy snapkv: pooling {self.pooling!r}: expected max or avg")
-        if self.kernel_size < 1 or self.kernel_size % 2 == 0:
-            raise HeadprobeError(f"policy snapkv: kernel_size {self.kernel_size}: expected an odd positive integer")
+        check_kernel_size(self)
         if not 0.0 <= self.floor_share <= 1.0:
             raise HeadprobeError(f"policy snapkv: floor_share {self.floor_share}: expected a value in [0, 1]")
 
