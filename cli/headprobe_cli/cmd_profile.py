@@ -8,7 +8,7 @@ from pathlib import Path
 
 import headprobe
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model
+from .common_args import add_loading_arguments, add_rerun_arguments, load_model, rank_note, rank_progress
 from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
@@ -25,7 +25,8 @@ def register(sub, formatter) -> None:
                "  headprobe profile                                  # embedded SmolLM2, CPU grid, all probes\n"
                "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
                "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
-               "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl",
+               "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl\n"
+               "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)",
     )
     add_loading_arguments(p)
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
@@ -59,11 +60,16 @@ def register(sub, formatter) -> None:
 
 
 def run(args) -> int:
-    grids = headprobe.probe_grid
     if args.merge:
         for path in headprobe.merge_profile_logs(args.merge, args.out_dir, args.name):
             print(f"wrote {path}")
         return 0
+    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+        return _profile(args, ranks)
+
+
+def _profile(args, ranks) -> int:
+    grids = headprobe.probe_grid
     probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
     for probe in probes:
         if probe not in headprobe.PROBES:
@@ -72,7 +78,8 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
-    loaded = load_model(args)
+    ranks.check_shard(shard)
+    loaded = load_model(args, ranks)
     on_gpu = loaded.device.type == "cuda"
     if args.grid == "full" or (args.grid == "auto" and on_gpu):
         lengths, depths, described = grids.full_grid(loaded.identity.max_context)
@@ -95,12 +102,19 @@ def run(args) -> int:
         retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens),
         resume=args.resume, force=args.force, shard=shard, name=args.name,
     )
-    print(f"profiling {loaded.identity.name} on {loaded.device} ({args.mode} mode): {described}; "
-          f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}",
-          file=sys.stderr)
+    where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
+    if ranks.is_main:
+        print(f"profiling {loaded.identity.name} on {where} ({args.mode} mode): {described}; "
+              f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}",
+              file=sys.stderr)
     started = time.perf_counter()
-    result = headprobe.run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
+    result = headprobe.run_profile_on_ranks(loaded, request, ranks, progress=rank_progress(ranks, tqdm_progress),
+                                            version=headprobe.__version__)
     elapsed = time.perf_counter() - started
+    if not ranks.is_main:
+        rank_note(ranks, f"{result.trials_run} trials run, {result.trials_skipped} resumed, {elapsed:.0f} s; "
+                         f"logs {', '.join(map(str, result.logs))}")
+        return 0
     print(f"{result.trials_run} trials run, {result.trials_skipped} resumed from logs, {elapsed:.0f} s",
           file=sys.stderr)
     for path in result.logs:

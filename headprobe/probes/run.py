@@ -18,7 +18,7 @@ from ..profile import Profile
 from .aggregate import profiles_from_log
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
-from .trial_grid import TrialSpec, make_grid, shard_trials
+from .trial_grid import TrialSpec, make_grid, shard_samples, shard_trials
 
 PROBES = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 PASSES = {"retrieval": "retrieval", "enhanced_retrieval": "retrieval", "retrieval_reasoning": "reasoning",
@@ -231,8 +231,9 @@ def _retention_pass(run: _Run, log_path: Path) -> TrialLog:
                for s in group]
     log = TrialLog(log_path, retention_settings(run.common, request, samples), resume=request.resume,
                    force=request.force)
-    todo = [s for s in samples if s.id not in log]
-    result.trials_skipped += len(samples) - len(todo)
+    mine = shard_samples(samples, request.shard)
+    todo = [s for s in mine if s.id not in log]
+    result.trials_skipped += len(mine) - len(todo)
     bar = run.progress(len(todo), f"{run.stem} layer_retention") if run.progress else None
     config = RetentionConfig(**{**request.retention.__dict__, "chat_template": request.chat_template})
     for sample in todo:
