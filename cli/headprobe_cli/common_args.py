@@ -31,9 +31,10 @@ def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that run their own code")
     parser.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE",
                         help="with --device auto: the most each device holds, e.g. 0=20GiB 1=20GiB cpu=64GiB; "
-                             "layers that do not fit go to --offload-folder")
+                             "layers that do not fit stay on disk")
     parser.add_argument("--offload-folder", metavar="DIR",
-                        help="with --device auto: folder for the layers placed on disk")
+                        help="with --device auto: folder for the layers placed on disk (a safetensors checkpoint "
+                             "needs none)")
 
 
 def load_model(args: argparse.Namespace, ranks: hp.Ranks | None = None) -> hp.LoadedModel:

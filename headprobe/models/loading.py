@@ -133,7 +133,8 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         With ``device="auto"``: the most each device may hold, ``{0: "20GiB", "cpu": "64GiB"}``
         (:func:`~headprobe.models.placement.check_max_memory`); what does not fit goes to disk.
     offload_folder
-        Folder for the layers placed on ``"disk"`` (needed when some are).
+        Folder for the layers placed on ``"disk"`` (layers of a safetensors checkpoint are read from it
+        and need none).
     device_map
         An explicit placement, module name → ``"cpu"``, ``"disk"``, a GPU index or ``"cuda:N"``
         (``{"model.layers.20": "disk", ...}``), instead of accelerate's.
@@ -162,16 +163,15 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     else:
         torch_dtype = getattr(torch, dtype)
 
+    # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
+    # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
+    placement = placement_kwargs(device if device == "auto" else _device_for_map(torch, device), max_memory,
+                                 offload_folder, device_map)
     path = resolved.path
     if resolved.spec is not None and resolved.spec.gguf_package:
         path = str(_converted_gguf(resolved.spec))
     else:
         _check_remote_code(path, model, trust_remote_code)
-
-    # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
-    # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
-    placement = placement_kwargs(device if device == "auto" else _device_for_map(torch, device), max_memory,
-                                 offload_folder, device_map)
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation, **placement}
     if trust_remote_code:
         kwargs["trust_remote_code"] = True

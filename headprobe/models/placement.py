@@ -1,11 +1,12 @@
 """Where a model's weights live and where its inputs go: one device, or layers spread by accelerate.
 
 ``device="auto"`` hands placement to accelerate (``device_map="auto"``): layers fill the GPUs, then the
-CPU, then a folder on disk, each as far as ``max_memory`` allows. An explicit ``device_map`` (module name →
-``"cpu"``, ``"disk"``, a GPU index or ``"cuda:N"``) places them by hand. Layers on ``"disk"`` are kept in
-``offload_folder`` and loaded by accelerate's hooks for each forward; layers on ``"cpu"`` next to GPU
-layers are moved to the GPU by the same hooks. The recorder and the compressed cache follow the tensors
-they are handed, so they work on every layer's own device.
+CPU, then the disk, each as far as ``max_memory`` allows. An explicit ``device_map`` (module name →
+``"cpu"``, ``"disk"``, a GPU index or ``"cuda:N"``) places them by hand. Layers on ``"disk"`` stay on disk
+(read from the checkpoint's safetensors files, or from ``offload_folder`` for other checkpoints) and
+accelerate's hooks load them for each forward; layers on ``"cpu"`` next to GPU layers are moved to the
+GPU by the same hooks. The recorder and the compressed cache follow the tensors they are handed, so they
+work on every layer's own device.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def check_max_memory(max_memory: Mapping[Any, Any]) -> dict[int | str, int]:
     for key, size in max_memory.items():
         place = _place(key, param("max_memory", f"{key}={size}"))
         try:
-            out[place] = convert_file_size_to_int(size)
+            out[place] = int(size) if str(size).strip().isdigit() else convert_file_size_to_int(size)
         except (ValueError, TypeError):
             raise HeadprobeError(f"{param('max_memory', f'{key}={size}')}: expected a size such as 20GiB or "
                                  "300MB") from None
@@ -92,15 +93,16 @@ def placement_kwargs(device: str, max_memory: Mapping[Any, Any] | None = None,
     max_memory
         Per-device limits for ``"auto"`` (:func:`check_max_memory`).
     offload_folder
-        Where layers placed on ``"disk"`` are kept.
+        Where accelerate keeps the layers placed on ``"disk"`` (layers stored as safetensors are read from
+        the checkpoint itself and need none).
     device_map
         An explicit map, module name → device (``device`` must be ``"auto"``).
 
     Raises
     ------
     HeadprobeError
-        ``max_memory``, ``offload_folder`` or ``device_map`` with a single device; a ``device_map`` that
-        names no device or puts layers on disk without ``offload_folder``.
+        ``max_memory``, ``offload_folder`` or ``device_map`` with a single device; an empty ``device_map``
+        or one that names no device.
     """
     if device != "auto":
         for name, value in (("max_memory", max_memory), ("offload_folder", offload_folder),
@@ -114,8 +116,6 @@ def placement_kwargs(device: str, max_memory: Mapping[Any, Any] | None = None,
         if not device_map:
             raise HeadprobeError(f"{param('device_map')}: empty; expected module name → device")
         kwargs["device_map"] = {str(k): _place(v, f"{param('device_map')} {k}") for k, v in device_map.items()}
-        if "disk" in kwargs["device_map"].values() and offload_folder is None:
-            raise HeadprobeError(f"{param('device_map')} puts layers on disk; give {param('offload_folder')}")
     else:
         kwargs["device_map"] = "auto"
     if max_memory is not None:
