@@ -84,6 +84,9 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
                           progress: Callable[[int], None] | None) -> None:
     """Run the trials of one length and seed: compute the haystack prefix once, then batch by depth.
 
+    The prefix is the needle-free prompt of this length and seed, computed in full whatever depths run
+    here, so a grid split by depth (shards, ranks) computes the same scores as the whole one, bit for bit.
+
     Each finished batch's records go to ``on_trial`` (with the batch's time per trial, the prefix's share
     included) before the next batch starts.
     """
@@ -95,7 +98,9 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
                 for s in specs]
     shared = [min(common_prefix_length(base.input_ids, c.input_ids), c.needle_span[0], c.length - 1)
               for c in contexts]
-    base_cache = prefix_cache(loaded.model, base.input_ids[:max(shared)], loaded.device)
+    # The whole needle-free prompt, whichever depths run here: the prefix's keys and values then do not
+    # depend on how the grid was split into shards or ranks, and neither do the scores.
+    base_cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
     base_seconds = (time.perf_counter() - group_start) / len(specs)
     for members in depth_batches(specs, shared, config.batch_size):
         started = time.perf_counter()
