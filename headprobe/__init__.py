@@ -35,6 +35,8 @@ _API: dict[str, dict[str, str]] = {
         "model_identity": "models.loading",
         "resolve_model": "models.loading",
         "ModelIdentity": "models.identity",
+        "input_device": "models.placement",
+        "parse_max_memory": "models.placement",
     },
     # files: JSON written atomically, trial logs, overwrite checks, any headprobe file by its format
     "files": {
@@ -149,6 +151,17 @@ _API: dict[str, dict[str, str]] = {
         "EVAL_PRESETS": "eval.settings:PRESETS",
         "EvalSetting": "eval.settings",
         "expand_settings": "eval.settings",
+    },
+    # data parallel over torchrun's ranks: a slice of the work each, merged at rank 0
+    "distributed": {
+        "Ranks": "distributed.ranks",
+        "process_group": "distributed.ranks",
+        "ranks_from_env": "distributed.ranks",
+        "run_profile_on_ranks": "distributed.profile_ranks",
+        "check_profile_run_on_ranks": "distributed.profile_ranks",
+        "run_eval_on_ranks": "distributed.eval_ranks",
+        "run_dataset_eval_on_ranks": "distributed.eval_ranks",
+        "run_ablation_on_ranks": "distributed.ablation_ranks",
     },
     # plots of every stage (PNG or SVG)
     "plots": {

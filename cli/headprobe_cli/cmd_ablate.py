@@ -9,7 +9,7 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model
+from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model, rank_note
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -23,7 +23,8 @@ def register(sub, formatter) -> None:
                     "top-k query heads uniform and compare needle accuracy with k random heads masked.",
         epilog="examples:\n"
                "  headprobe ablate --k 5 10 20 --lengths 1000\n"
-               "  headprobe ablate --profile profiles/smollm2-135m.retrieval.json --out ablation.json")
+               "  headprobe ablate --profile profiles/smollm2-135m.retrieval.json --out ablation.json\n"
+               "  torchrun --standalone --nproc-per-node 3 -m headprobe ablate ...   # runs split over 3 ranks")
     add_loading_arguments(p)
     p.add_argument("--profile", default=None, help="profile file (default: newest --kind profile of the model)")
     p.add_argument("--kind", default="retrieval", help="profile kind to look up when --profile is not given")
@@ -43,8 +44,16 @@ def register(sub, formatter) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+        return _ablate(args, ranks)
+
+
+def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     out = Path(args.out)
     log = headprobe.ablation_log_path(out)
+    mine = ranks.part_path(log)                              # each rank keeps its own under torchrun
+    if mine != log and mine.exists() and not (args.force or args.resume):
+        raise HeadprobeError(f"{mine} exists; pass --resume to continue or --force to start over")
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
@@ -57,13 +66,18 @@ def run(args: argparse.Namespace) -> int:
     haystack = headprobe.load_haystack(args.haystack)
     depths = headprobe.probe_grid.parse_depths(args.depths)
     profile = headprobe.Profile.load(args.profile) if args.profile else None
-    lm = load_model(args)
+    lm = load_model(args, ranks)
     if profile is None:
         profile = headprobe.newest_profile(lm.identity, args.kind).profile
-    progress = tqdm_progress(len(items) * len(args.lengths) * len(depths) * (1 + 2 * len(args.k)), "ablate")
-    result = headprobe.run_ablation(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
-                                    args.seed, args.max_new_tokens, not args.no_chat_template, progress,
-                                    log_path=log, resume=args.resume, force=args.force)
+    runs = ranks.mine(range(1 + 2 * len(set(args.k))))          # baseline, top-k and random-k: those run here
+    trials = len(items) * len(args.lengths) * len(depths) * len(runs)
+    progress = tqdm_progress(trials, "ablate") if ranks.is_main else None     # bars on rank 0 only
+    result = headprobe.run_ablation_on_ranks(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
+                                             ranks, args.seed, args.max_new_tokens, not args.no_chat_template,
+                                             progress, log_path=log, resume=args.resume, force=args.force)
+    if result is None:
+        rank_note(ranks, f"{len(runs)} runs; log {mine}")
+        return 0
     result["needles"] = path
     if plot is not None:      # listed, so that a resumed run may rewrite it
         result["figures"] = [Path(os.path.relpath(plot.resolve(), out.parent.resolve())).as_posix()]

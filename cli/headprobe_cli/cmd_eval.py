@@ -8,7 +8,14 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model
+from .common_args import (
+    add_loading_arguments,
+    add_rerun_arguments,
+    figure_path,
+    load_model,
+    rank_note,
+    rank_progress,
+)
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -30,7 +37,8 @@ def register(sub, formatter) -> None:
                "  headprobe eval --task babi --babi-count 8 --settings full snapkv --capacities 64\n"
                "  headprobe eval --task dataset --dataset qa.jsonl --fields context=context,question=input,"
                "answers=answers --settings full snapkv --capacities 128\n"
-               "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid")
+               "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid\n"
+               "  torchrun --standalone --nproc-per-node 2 -m headprobe eval ...   # cell groups split over 2 ranks")
     add_loading_arguments(p)
     p.add_argument("--settings", nargs="+", default=["full", "snapkv", "headkv-r2"], metavar="SETTING")
     p.add_argument("--capacities", nargs="+", type=int, default=[128], help="mean tokens per KV head")
@@ -86,6 +94,11 @@ def _lazy_progress(total: int, description: str):
 
 
 def run(args: argparse.Namespace) -> int:
+    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+        return _eval(args, ranks)
+
+
+def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     settings = headprobe.expand_settings(args.settings, args.capacities, headprobe.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
@@ -97,6 +110,10 @@ def run(args: argparse.Namespace) -> int:
     memory_plot = figure_path(args.memory_plot) if args.memory_plot else None
     figures = [f for f in (plot, memory_plot) if f is not None]
     headprobe.check_eval_outputs(out, figures, resume=args.resume, force=args.force)   # before the model loads
+    part_log = headprobe.cell_log_path(ranks.part_path(out))     # each rank keeps its own under torchrun
+    if ranks.distributed and part_log.exists() and not (args.resume or args.force):
+        raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
+                             "start over")
     depths = headprobe.probe_grid.parse_depths(args.depths)
     items, examples = None, None
     if args.task == "dataset":
@@ -117,21 +134,26 @@ def run(args: argparse.Namespace) -> int:
             items = headprobe.items_from_needles(needles)
         task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
     haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
-    lm = load_model(args)
+    lm = load_model(args, ranks)
     if examples is not None:
-        progress = _lazy_progress(len(examples) * len(settings), "eval")
-        result = headprobe.run_dataset_eval(lm, examples, settings, out, args.max_length, args.max_new_tokens,
-                                            str(args.dataset), not args.no_chat_template, args.resume, args.force,
-                                            progress, figures=figures)
+        progress = _lazy_progress(len(ranks.mine(examples)) * len(settings), "eval")
+        result = headprobe.run_dataset_eval_on_ranks(lm, examples, settings, out, ranks, args.max_length,
+                                                     args.max_new_tokens, str(args.dataset),
+                                                     not args.no_chat_template, args.resume, args.force,
+                                                     rank_progress(ranks, progress), figures=figures)
     else:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint
         request = headprobe.EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
                                         args.max_new_tokens, not args.no_chat_template,
                                         share_prefill=not args.no_shared_prefill)
-        progress = _lazy_progress(len(items) * len(settings) * len(args.lengths) * len(depths), "eval")
-        result = headprobe.run_eval(lm, request, out, resume=args.resume, force=args.force, progress=progress,
-                                    figures=figures)
+        groups = ranks.mine(range(len(args.lengths) * len(depths)))     # the (length, depth) groups run here
+        progress = _lazy_progress(len(items) * len(settings) * len(groups), "eval")
+        result = headprobe.run_eval_on_ranks(lm, request, out, ranks, resume=args.resume, force=args.force,
+                                             progress=rank_progress(ranks, progress), figures=figures)
+    if not ranks.is_main:
+        rank_note(ranks, f"{len(result.cells)} cells; wrote {ranks.part_path(out)}")
+        return 0
     print(headprobe.format_eval_summary(result))
     print(f"wrote {out}")
     # Replacing the figures was settled by check_eval_outputs; the result lists them.

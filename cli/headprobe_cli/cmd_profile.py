@@ -8,7 +8,7 @@ from pathlib import Path
 
 import headprobe
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model
+from .common_args import add_loading_arguments, add_rerun_arguments, load_model, rank_note, rank_progress
 from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
@@ -25,7 +25,8 @@ def register(sub, formatter) -> None:
                "  headprobe profile                                  # embedded SmolLM2, CPU grid, all probes\n"
                "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
                "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
-               "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl",
+               "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl\n"
+               "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)",
     )
     add_loading_arguments(p)
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
@@ -67,13 +68,18 @@ def register(sub, formatter) -> None:
 
 
 def run(args) -> int:
-    grids = headprobe.probe_grid
     out_dir = Path(args.out_dir) if args.out_dir else headprobe.user_profiles_dir()
     if args.merge:
         for path in headprobe.merge_profile_logs(args.merge, out_dir, args.name, force=args.force,
                                                  allow_partial=args.allow_partial):
             print(f"wrote {path}")
         return 0
+    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+        return _profile(args, ranks, out_dir)
+
+
+def _profile(args, ranks, out_dir: Path) -> int:
+    grids = headprobe.probe_grid
     probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
     for probe in probes:
         if probe not in headprobe.PROBES:
@@ -82,6 +88,7 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
+    ranks.check_shard(shard)
     needle_files = [Path(p) for p in args.needle_file]
     headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
     if args.haystack is not None:
@@ -101,8 +108,8 @@ def run(args) -> int:
         resume=args.resume, force=args.force, shard=shard, name=args.name,
     )
     # What would be replaced, and whether the outputs can be written, is settled before the model loads.
-    headprobe.check_profile_run(request, headprobe.resolve_model(args.model).name)
-    loaded = load_model(args)
+    headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
+    loaded = load_model(args, ranks)
     on_gpu = loaded.device.type == "cuda"
     if args.grid == "full" or (args.grid == "auto" and on_gpu):
         grid_lengths, grid_depths, described = grids.full_grid(loaded.identity.max_context)
@@ -117,14 +124,22 @@ def run(args) -> int:
     else:
         request.depths = list(grid_depths)
     lengths, depths = request.lengths, request.depths
-    print(f"profiling {loaded.identity.name} on {loaded.device} ({args.mode} mode): {described}; "
-          f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
-          f"writing to {out_dir}", file=sys.stderr)
-    if "reasoning" in headprobe.needle_kinds(probes):
-        print(f"retrieval-reasoning gate: {headprobe.choose_gate(args.gate, loaded).describe()}", file=sys.stderr)
+    where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
+    if ranks.is_main:
+        print(f"profiling {loaded.identity.name} on {where} ({args.mode} mode): {described}; "
+              f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
+              f"writing to {out_dir}", file=sys.stderr)
+        if "reasoning" in headprobe.needle_kinds(probes):
+            print(f"retrieval-reasoning gate: {headprobe.choose_gate(args.gate, loaded).describe()}",
+                  file=sys.stderr)
     started = time.perf_counter()
-    result = headprobe.run_profile(loaded, request, progress=tqdm_progress, version=headprobe.__version__)
+    result = headprobe.run_profile_on_ranks(loaded, request, ranks, progress=rank_progress(ranks, tqdm_progress),
+                                            version=headprobe.__version__)
     elapsed = time.perf_counter() - started
+    if not ranks.is_main:
+        rank_note(ranks, f"{result.trials_run} trials run, {result.trials_skipped} resumed, {elapsed:.0f} s; "
+                         f"logs {', '.join(map(str, result.logs))}")
+        return 0
     print(f"{result.trials_run} trials run, {result.trials_skipped} resumed from logs, {elapsed:.0f} s",
           file=sys.stderr)
     for path in result.logs:

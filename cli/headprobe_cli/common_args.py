@@ -4,8 +4,11 @@ files an earlier run left (``--resume``, ``--force``)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import headprobe as hp
 
@@ -27,11 +30,36 @@ def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default="auto", choices=hp.DTYPES,
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that run their own code")
+    parser.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE",
+                        help="with --device auto: the most each device holds, e.g. 0=20GiB 1=20GiB cpu=64GiB; "
+                             "layers that do not fit stay on disk")
+    parser.add_argument("--offload-folder", metavar="DIR",
+                        help="with --device auto: folder for the layers placed on disk (a safetensors checkpoint "
+                             "needs none)")
 
 
-def load_model(args: argparse.Namespace) -> hp.LoadedModel:
-    """The model named by :func:`add_loading_arguments`' arguments."""
-    return hp.load_model(args.model, device=args.device, dtype=args.dtype, trust_remote_code=args.trust_remote_code)
+def load_model(args: argparse.Namespace, ranks: hp.Ranks | None = None) -> hp.LoadedModel:
+    """The model named by :func:`add_loading_arguments`' arguments.
+
+    Under ``torchrun`` (``ranks``) each rank loads its own copy on its own device (GPU ``LOCAL_RANK``), the
+    first rank of each machine before the others (it converts and caches the files once).
+    """
+    max_memory = hp.parse_max_memory(args.max_memory) if args.max_memory else None
+    device = ranks.device(args.device) if ranks is not None else args.device
+    with ranks.local_main_first() if ranks is not None else contextlib.nullcontext():
+        return hp.load_model(args.model, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
+                             max_memory=max_memory, offload_folder=args.offload_folder)
+
+
+def rank_progress(ranks: hp.Ranks, progress: Callable[..., Any] | None) -> Callable[..., Any] | None:
+    """Progress bars on rank 0 only: the ranks share one terminal."""
+    return progress if ranks.is_main else None
+
+
+def rank_note(ranks: hp.Ranks, text: str) -> None:
+    """A line on stderr from a rank other than 0 (``rank 1/2: ...``); rank 0 reports the merged run."""
+    if not ranks.is_main:
+        print(f"rank {ranks.rank}/{ranks.world_size}: {text}", file=sys.stderr)
 
 
 def add_rerun_arguments(parser: argparse.ArgumentParser, log: str, replaced: str) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -29,6 +30,7 @@ from ..files.trial_log import TrialLog, read_log_records
 from ..head_ranking import top_heads
 from ..models.identity import ModelIdentity, identity_from_config
 from ..models.loading import transformers_model
+from ..models.placement import input_device
 
 IMPLEMENTATION = "headprobe_ablate"
 
@@ -156,7 +158,7 @@ def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int,
     out = []
     with HeadAblation(lm, heads), torch.no_grad():
         for item, ctx in zip(items, contexts):
-            ids = torch.tensor([ctx.input_ids], device=next(model.parameters()).device)
+            ids = torch.tensor([ctx.input_ids], device=input_device(model))
             gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)
             text = tok.decode(gen[0, ids.shape[1]:], skip_special_tokens=True)
@@ -216,20 +218,42 @@ def _result_made_by_log(out: Path, log: Path) -> dict[str, Any] | None:
     return result if same else None
 
 
-def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
-                 haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True,
-                 progress: Callable[[int], None] | None = None, log_path: str | Path | None = None,
-                 resume: bool = False, force: bool = False) -> dict[str, Any]:
-    """Needle accuracy with no head masked, the profile's top-k query heads masked, and k random heads.
+@dataclass
+class AblationPlan:
+    """What an ablation runs: the needle prompts every run answers, and the runs.
 
-    With ``log_path`` every finished run (baseline, top-k, random-k) is appended to a JSONL run log (the
-    trial-log format); ``resume`` continues it without redoing a finished run, ``force`` starts over.
+    Attributes
+    ----------
+    items, contexts
+        The questions and their prompts, paired (length outer, depth, item inner).
+    runs
+        Run id → the ``(layer, query_head)`` pairs it masks, in run order: ``baseline`` (none), then
+        ``top-k`` and ``random-k`` for each k.
+    ks
+        The numbers of heads masked.
+    log_settings
+        The header of the run log: what a resumed run must share.
+    """
 
-    Returns
-    -------
-    dict
-        ``format: "headprobe.ablation"``, ``version: 1``; ``baseline_accuracy``; ``rows`` with ``k``,
-        ``top_heads``, ``top_accuracy``, ``random_heads``, ``random_accuracy`` and the trials.
+    profile: Any
+    ks: list[int]
+    items: list
+    contexts: list
+    runs: dict[str, list[tuple[int, int]]]
+    grid: dict[str, Any]
+    seed: int
+    max_new_tokens: int
+    log_settings: dict[str, Any]
+
+
+def plan_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
+                  haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True) -> AblationPlan:
+    """The prompts and runs of :func:`run_ablation`, checked before any run starts.
+
+    Raises
+    ------
+    HeadprobeError
+        A profile without head scores or made for another model, a k outside ``1 .. heads``.
     """
     from .. import __version__
     from ..haystack.context import build_context
@@ -243,51 +267,95 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     max_ctx = lm.identity.max_context
     pairs = [(it, build_context(lm.tokenizer, haystack, it.needle, L, d, chat_template, max_ctx,
                                 question=it.question)) for L in lengths for d in depths for it in items]
-    its, ctxs = [p[0] for p in pairs], [p[1] for p in pairs]
     for k in ks:
         if k < 1 or k > scores.size:
             raise HeadprobeError(f"{param('ks', k)}: expected 1 to {scores.size} heads")
-    log = None
-    if log_path is not None:
-        settings = {"model": lm.identity.fingerprint, "profile": profile.fingerprint, "ks": list(ks),
-                    "items": [i.id for i in items], "lengths": list(lengths), "depths": list(depths), "seed": seed,
-                    "max_new_tokens": max_new_tokens, "chat_template": chat_template,
-                    "haystack": haystack.fingerprint, "headprobe_version": __version__}
-        log = TrialLog(log_path, settings, resume=resume, force=force)
+    runs: dict[str, list[tuple[int, int]]] = {"baseline": []}
+    for k in ks:
+        top = top_heads(scores, k)
+        runs[f"top-{k}"] = top
+        runs[f"random-{k}"] = random_heads(scores.shape, k, seed + k, exclude=top)
+    settings = {"model": lm.identity.fingerprint, "profile": profile.fingerprint, "ks": list(ks),
+                "items": [i.id for i in items], "lengths": list(lengths), "depths": list(depths), "seed": seed,
+                "max_new_tokens": max_new_tokens, "chat_template": chat_template,
+                "haystack": haystack.fingerprint, "headprobe_version": __version__}
+    grid = {"lengths": list(lengths), "depths": list(depths), "items": [i.id for i in items]}
+    return AblationPlan(profile, list(ks), [p[0] for p in pairs], [p[1] for p in pairs], runs, grid, seed,
+                        max_new_tokens, settings)
 
-    def masked_run(run_id: str, heads: list[tuple[int, int]]) -> tuple[float, list]:
-        if log is not None and run_id in log:
-            if progress:
-                progress(len(its))
-            done = log.done[run_id]
-            return done["accuracy"], done["trials"]
-        acc, trials = needle_accuracy(lm, its, ctxs, heads, max_new_tokens, progress)
-        if log is not None:
-            log.append({"trial": run_id, "heads": [f"{l}-{h}" for l, h in heads], "accuracy": acc, "trials": trials})
-        return acc, trials
 
+def run_masked(lm: Any, plan: AblationPlan, run_ids: list[str], progress: Callable[[int], None] | None = None,
+               log_path: str | Path | None = None, resume: bool = False,
+               force: bool = False) -> dict[str, dict[str, Any]]:
+    """Run the plan's runs ``run_ids``: run id → ``{"accuracy", "trials"}``.
+
+    With ``log_path`` every finished run is appended to a JSONL run log (the trial-log format); ``resume``
+    continues it without redoing a finished run, ``force`` starts over.
+    """
+    log = TrialLog(log_path, plan.log_settings, resume=resume, force=force) if log_path is not None else None
+    done: dict[str, dict[str, Any]] = {}
     try:
-        base, base_trials = masked_run("baseline", [])
-        rows = []
-        for k in ks:
-            top = top_heads(scores, k)
-            rnd = random_heads(scores.shape, k, seed + k, exclude=top)
-            top_acc, top_trials = masked_run(f"top-{k}", top)
-            rnd_acc, rnd_trials = masked_run(f"random-{k}", rnd)
-            rows.append({"k": k, "top_heads": [f"{l}-{h}" for l, h in top], "top_accuracy": top_acc,
-                         "random_heads": [f"{l}-{h}" for l, h in rnd], "random_accuracy": rnd_acc,
-                         "top_trials": top_trials, "random_trials": rnd_trials})
+        for run_id in run_ids:
+            heads = plan.runs[run_id]
+            if log is not None and run_id in log:
+                if progress:
+                    progress(len(plan.items))
+                done[run_id] = {"accuracy": log.done[run_id]["accuracy"], "trials": log.done[run_id]["trials"]}
+                continue
+            acc, trials = needle_accuracy(lm, plan.items, plan.contexts, heads, plan.max_new_tokens, progress)
+            if log is not None:
+                log.append({"trial": run_id, "heads": [f"{l}-{h}" for l, h in heads], "accuracy": acc,
+                            "trials": trials})
+            done[run_id] = {"accuracy": acc, "trials": trials}
     except BaseException:
         if log is not None:
             log.close(finished=False)
         raise
     if log is not None:
         log.close()
+    return done
+
+
+def ablation_result(lm: Any, plan: AblationPlan, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The ablation result from every run of the plan (:func:`run_masked`)."""
+    from .. import __version__
+
+    def heads(run_id: str) -> list[str]:
+        return [f"{l}-{h}" for l, h in plan.runs[run_id]]
+
+    rows = []
+    for k in plan.ks:
+        top, rnd = done[f"top-{k}"], done[f"random-{k}"]
+        rows.append({"k": k, "top_heads": heads(f"top-{k}"), "top_accuracy": top["accuracy"],
+                     "random_heads": heads(f"random-{k}"), "random_accuracy": rnd["accuracy"],
+                     "top_trials": top["trials"], "random_trials": rnd["trials"]})
+    profile = plan.profile
     return {"format": "headprobe.ablation", "version": 1, "headprobe_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.identity.to_json(),
-            "profile_kind": profile.kind, "profile_fingerprint": profile.fingerprint,
-            "grid": {"lengths": list(lengths), "depths": list(depths), "items": [i.id for i in items]},
-            "seed": seed, "baseline_accuracy": base, "baseline_trials": base_trials, "rows": rows}
+            "profile_kind": profile.kind, "profile_fingerprint": profile.fingerprint, "grid": plan.grid,
+            "seed": plan.seed, "baseline_accuracy": done["baseline"]["accuracy"],
+            "baseline_trials": done["baseline"]["trials"], "rows": rows}
+
+
+def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
+                 haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True,
+                 progress: Callable[[int], None] | None = None, log_path: str | Path | None = None,
+                 resume: bool = False, force: bool = False) -> dict[str, Any]:
+    """Needle accuracy with no head masked, the profile's top-k query heads masked, and k random heads.
+
+    The steps: :func:`plan_ablation` (prompts and runs), :func:`run_masked` (the runs), :func:`ablation_result`.
+    With ``log_path`` every finished run (baseline, top-k, random-k) is appended to a JSONL run log (the
+    trial-log format); ``resume`` continues it without redoing a finished run, ``force`` starts over.
+
+    Returns
+    -------
+    dict
+        ``format: "headprobe.ablation"``, ``version: 1``; ``baseline_accuracy``; ``rows`` with ``k``,
+        ``top_heads``, ``top_accuracy``, ``random_heads``, ``random_accuracy`` and the trials.
+    """
+    plan = plan_ablation(lm, profile, ks, items, lengths, depths, haystack, seed, max_new_tokens, chat_template)
+    done = run_masked(lm, plan, list(plan.runs), progress, log_path, resume, force)
+    return ablation_result(lm, plan, done)
 
 
 def format_ablation(result: dict[str, Any]) -> str:

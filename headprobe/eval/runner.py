@@ -224,7 +224,8 @@ def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings
 
 
 def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False, force: bool = False,
-             progress: Callable[[int], None] | None = None, figures: Sequence[str | Path] = ()) -> EvalResult:
+             progress: Callable[[int], None] | None = None, figures: Sequence[str | Path] = (),
+             shard: tuple[int, int] | None = None) -> EvalResult:
     """Run the grid and write ``out`` (result JSON) and its cell log.
 
     Parameters
@@ -243,6 +244,9 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
     figures
         Figures the caller will draw from the result: listed in it, checked like ``out``
         (:func:`~headprobe.eval.cell_log.check_eval_outputs`).
+    shard
+        ``(i, n)``: run only the (length, depth) cell groups ``i, i + n, ...`` of the grid (length outer,
+        depth inner); the result says ``"shard": [i, n]`` (:mod:`headprobe.distributed` merges the shards).
 
     Raises
     ------
@@ -256,11 +260,14 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
     prompts = GridPrompts(lm, request)
     prompts.check_lengths()
     with open_cell_log(lm, request, out, resume=resume, force=force, figures=figures) as cells:
-        for length in request.lengths:
-            for depth in request.depths:
-                todo = [s for s in request.settings if not cells.resumed(cell_id(s, length, depth))]
-                if progress and len(todo) < len(request.settings):
-                    progress(len(request.items) * (len(request.settings) - len(todo)))
-                if todo:
-                    cells.add(run_cell_group(lm, request, prompts, todo, budgets, length, depth, progress))
+        if shard is not None:
+            cells.result.extra["shard"] = list(shard)
+        for group, (length, depth) in enumerate((L, d) for L in request.lengths for d in request.depths):
+            if shard is not None and group % shard[1] != shard[0]:
+                continue
+            todo = [s for s in request.settings if not cells.resumed(cell_id(s, length, depth))]
+            if progress and len(todo) < len(request.settings):
+                progress(len(request.items) * (len(request.settings) - len(todo)))
+            if todo:
+                cells.add(run_cell_group(lm, request, prompts, todo, budgets, length, depth, progress))
         return cells.finish()

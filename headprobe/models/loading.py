@@ -23,6 +23,7 @@ from ..errors import HeadprobeError, param
 from ..files.jsonio import fingerprint
 from ..paths import cache_dir
 from .identity import ModelIdentity, identity_from_config
+from .placement import input_device, placement_kwargs
 from .registry import MODELS, ModelSpec, close_matches
 
 #: The ``dtype`` values :func:`load_model` takes.
@@ -52,7 +53,9 @@ class LoadedModel:
 
     @property
     def device(self):
-        return next(self.model.parameters()).device
+        """Where input ids go: the input embedding's device (:func:`~headprobe.models.placement.input_device`;
+        a model spread over devices by accelerate has no single one)."""
+        return input_device(self.model)
 
 
 def transformers_model(model: Any) -> Any:
@@ -117,7 +120,9 @@ def resolve_model(model: str) -> ResolvedModel:
 
 
 def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: str = "auto",
-               trust_remote_code: bool = False, attn_implementation: str = "sdpa") -> LoadedModel:
+               trust_remote_code: bool = False, attn_implementation: str = "sdpa",
+               max_memory: dict[Any, Any] | None = None, offload_folder: str | Path | None = None,
+               device_map: dict[str, Any] | None = None) -> LoadedModel:
     """Load a model for probing or generation, its weights straight onto ``device``.
 
     Parameters
@@ -125,12 +130,23 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     model
         Alias (``headprobe models``), Hugging Face id or local directory.
     device
-        ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (``device_map="auto"``, for models larger
-        than one device). Default: the first GPU if there is one, else the CPU.
+        ``"cpu"``, ``"cuda"``, ``"cuda:1"``, or ``"auto"`` (accelerate's ``device_map="auto"``, for models
+        larger than one device: layers fill the GPUs, then the CPU, then ``offload_folder`` on disk).
+        Default: the first GPU if there is one, else the CPU; ``"auto"`` when ``device_map`` is given.
     dtype
-        ``"auto"`` (bfloat16 on GPU, float32 on CPU), ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        ``"auto"`` (bfloat16 on a GPU, float32 on the CPU or, with ``"auto"``, on a machine without GPU),
+        ``"float32"``, ``"bfloat16"`` or ``"float16"``.
     trust_remote_code
         Allow models whose config asks for code from their repository; refused otherwise.
+    max_memory
+        With ``device="auto"``: the most each device may hold, ``{0: "20GiB", "cpu": "64GiB"}``
+        (:func:`~headprobe.models.placement.check_max_memory`); what does not fit goes to disk.
+    offload_folder
+        Folder for the layers placed on ``"disk"`` (layers of a safetensors checkpoint are read from it
+        and need none).
+    device_map
+        An explicit placement, module name → ``"cpu"``, ``"disk"``, a GPU index or ``"cuda:N"``
+        (``{"model.layers.20": "disk", ...}``), instead of accelerate's.
 
     Warns
     -----
@@ -146,15 +162,20 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPES)}")
     asked_for_cpu = device == "cpu"
     if device is None:
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = "auto" if device_map is not None else "cuda" if torch.cuda.is_available() else "cpu"
     if device != "auto" and device.startswith("cuda") and not torch.cuda.is_available():
         raise HeadprobeError(f"{param('device', device)}: no CUDA device is available on this machine"
                              f" ({_why_no_cuda(torch)})")
     if dtype == "auto":
-        torch_dtype = torch.float32 if device == "cpu" else torch.bfloat16
+        on_host = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+        torch_dtype = torch.float32 if on_host else torch.bfloat16
     else:
         torch_dtype = getattr(torch, dtype)
 
+    # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
+    # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
+    placement = placement_kwargs(device if device == "auto" else _device_for_map(torch, device), max_memory,
+                                 offload_folder, device_map)
     path = resolved.path
     if resolved.spec is not None and resolved.spec.gguf_package:
         path = str(_converted_gguf(resolved.spec))
@@ -162,18 +183,20 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         _check_remote_code(path, model, trust_remote_code)
         if resolved.source.startswith("local:"):
             check_model_folder(Path(path), model, weights=True)
-
-    # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
-    # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
-    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation,
-                              "device_map": "auto" if device == "auto" else {"": _device_for_map(torch, device)}}
+    kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation, **placement}
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
     try:
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
         with quiet_weight_loading():
             hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    except (OSError, ValueError) as exc:   # missing or unreadable files, a config transformers cannot use
+    except ValueError as exc:
+        if "offload" in str(exc):
+            # accelerate placed layers on disk and transformers has nowhere to keep them
+            raise HeadprobeError(f"{param('model', model)} does not fit in {param('max_memory')} (or the devices' "
+                                 f"memory); give {param('offload_folder')} for the layers placed on disk") from None
+        raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
+    except OSError as exc:   # missing or unreadable files
         raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
     hf_model.eval()
     if not getattr(tokenizer, "is_fast", False):

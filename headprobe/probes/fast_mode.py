@@ -89,7 +89,8 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
 
     The prefix's KV comes from one forward over the whole needle-free prompt of this length, whichever
     trials are left to run: a forward over fewer tokens gives the same KV only up to float rounding, so a
-    resumed or sharded run would otherwise score its trials a rounding step away from a whole run's.
+    resumed or sharded run (shards, torchrun ranks) would otherwise score its trials a rounding step away
+    from a whole run's.
     """
     tok = loaded.tokenizer
     max_context = loaded.identity.max_context

@@ -25,7 +25,7 @@ from .aggregate import check_trial_records, merge_logs, profiles_from_log
 from .gates import GateChoice, check_gate, choose_gate
 from .needle_probe import NeedleProbeConfig, run_needle_trials
 from .retention import RetentionConfig, run_retention_sample
-from .trial_grid import TrialSpec, make_grid, shard_trials
+from .trial_grid import TrialSpec, make_grid, shard_samples, shard_trials
 
 PROBES = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 PASSES = {"retrieval": "retrieval", "enhanced_retrieval": "retrieval", "retrieval_reasoning": "reasoning",
@@ -147,7 +147,8 @@ def profile_outputs(request: ProfileRequest, model_name: str) -> ProfileOutputs:
     return ProfileOutputs(out_dir, logs, profiles)
 
 
-def check_profile_run(request: ProfileRequest, model_name: str) -> ProfileOutputs:
+def check_profile_run(request: ProfileRequest, model_name: str,
+                      profiles_of: ProfileRequest | None = None) -> ProfileOutputs:
     """Refuse a run before its model loads: unknown probes or modes, a grid of impossible values, needle
     ids or task types that do not exist, an output folder that cannot be written, an output that the
     run would replace, and a log that another run holds.
@@ -156,6 +157,13 @@ def check_profile_run(request: ProfileRequest, model_name: str) -> ProfileOutput
     needs ``force``, except that with ``resume`` a run may rewrite the profile its own log made (the
     profile's probe settings are the log's). Called by :func:`run_profile`; call it yourself to refuse
     before loading the model (the command line does).
+
+    Parameters
+    ----------
+    profiles_of
+        The request whose profiles this process will write, when not ``request`` itself: under
+        ``torchrun`` a rank runs its shard of the grid (``request``) and rank 0 writes the whole grid's
+        profiles (:func:`~headprobe.distributed.profile_ranks.check_profile_run_on_ranks`).
 
     Raises
     ------
@@ -175,7 +183,8 @@ def check_profile_run(request: ProfileRequest, model_name: str) -> ProfileOutput
             raise HeadprobeError(f"{log}: a trial log already exists; pass {param('resume', True)} to continue it "
                                  f"or {param('force', True)} to start over")
         LogLock(log).release()       # refused here if another run writes to it
-    for kind, path in outputs.profiles.items():
+    profiles = outputs.profiles if profiles_of is None else profile_outputs(profiles_of, model_name).profiles
+    for kind, path in profiles.items():
         if path.exists() and not request.force:
             log = outputs.logs[PASSES[kind]]
             if not (request.resume and profile_made_by_log(path, log)):
@@ -393,8 +402,9 @@ def _plan_pass(loaded, request: ProfileRequest, common: dict[str, Any], pass_nam
 def _retention_pass(loaded, request: ProfileRequest, plan: _PassPlan, log: TrialLog, stem: str,
                     progress: ProgressFactory | None, result: ProfileResult) -> None:
     """Run the layer-retention samples not yet in the log."""
-    todo = [s for s in plan.samples if s.id not in log]
-    result.trials_skipped += len(plan.samples) - len(todo)
+    mine = shard_samples(plan.samples, request.shard)
+    todo = [s for s in mine if s.id not in log]
+    result.trials_skipped += len(mine) - len(todo)
     bar = progress(len(todo), f"{stem} layer_retention") if progress else None
     config = RetentionConfig(**{**request.retention.__dict__, "chat_template": request.chat_template})
     for sample in todo:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import HeadprobeError, param
+
+T = TypeVar("T")
 
 #: HeadKV's grid: 5 lengths up to 10K (capped at the model's context), 10 depths from 0 to 100%.
 FULL_LENGTHS = (1000, 3250, 5500, 7750, 10000)
@@ -85,6 +88,14 @@ def shard_trials(trials: list[TrialSpec], shard: tuple[int, int] | None) -> list
     groups = sorted({t.group for t in trials})
     mine = {g for k, g in enumerate(groups) if k % n == i}
     return [t for t in trials if t.group in mine]
+
+
+def shard_samples(samples: list[T], shard: tuple[int, int] | None) -> list[T]:
+    """This shard's layer-retention samples: every n-th one from position i (all of them without a shard)."""
+    if shard is None:
+        return samples
+    i, n = shard
+    return samples[i::n]
 
 
 def parse_depths(percents: list[float]) -> list[float]:

@@ -277,6 +277,7 @@ class CompressedCache(SlotCache):
         self.budget = budget
         self.max_new_tokens = max_new_tokens
         self.budgets: torch.Tensor | None = None          # [batch, layers, kv_heads], at the first prefill
+        self._budgets_on: dict[torch.device, torch.Tensor] = {}   # copies on the devices of later layers
         self.prompt_lengths: torch.Tensor | None = None   # [batch]
         self._policy_shared = _new(policy.cache_state)
         self._sliding_shared = _new(sliding_policy.cache_state) if sliding_policy is not None else None
@@ -298,12 +299,12 @@ class CompressedCache(SlotCache):
         return sum(int(s.lengths.sum()) * s.bytes_per_token() for s in self.stores if s is not None)
 
     def kept_tokens(self) -> torch.Tensor:
-        """``[batch, layers, kv_heads]`` tokens held per head now."""
-        return torch.stack([s.kept() for s in self.stores], 1)
+        """``[batch, layers, kv_heads]`` tokens held per head now (on the first layer's device)."""
+        return _stack_layers([s.kept() for s in self.stores])
 
     def peak_tokens(self) -> torch.Tensor:
-        """``[batch, layers, kv_heads]`` the most tokens each head ever held."""
-        return torch.stack([s.peak_lengths.reshape(s.batch, s.kv_heads).clone() for s in self.stores], 1)
+        """``[batch, layers, kv_heads]`` the most tokens each head ever held (on the first layer's device)."""
+        return _stack_layers([s.peak_lengths.reshape(s.batch, s.kv_heads).clone() for s in self.stores])
 
     def full_cache_bytes(self, tokens: int | None = None) -> int:
         """Bytes a full (uncompressed) cache of the same dtype would hold for the tokens seen so far."""
@@ -358,13 +359,24 @@ class CompressedCache(SlotCache):
         if self.budgets is None:
             self.prompt_lengths = valid.long().sum(1)
             self.budgets = self.budget.resolve(self.shape, self.prompt_lengths, self.policy).to(keys.device)
+            self._budgets_on = {self.budgets.device: self.budgets}
+        budgets = self._budgets_on.get(keys.device)
+        if budgets is None:       # a layer on another device than the first (accelerate's device_map)
+            budgets = self._budgets_on[keys.device] = self.budgets.to(keys.device)
         policy, shared = ((self.sliding_policy, self._sliding_shared) if slot.is_sliding
                           else (self.policy, self._policy_shared))
         if slot.memory.state is None:
             slot.memory.state = _new(policy.layer_state)
         return policy, LayerContext(slot.memory, self.shape, self.max_new_tokens, query, keys, values, positions,
-                                    valid, self.budgets[:, slot.layer_idx], scaling, sliding_window, softcap,
+                                    valid, budgets[:, slot.layer_idx], scaling, sliding_window, softcap,
                                     shared=shared)
+
+
+def _stack_layers(per_layer: list[torch.Tensor]) -> torch.Tensor:
+    """``[batch, layers, kv_heads]`` from per-layer ``[batch, kv_heads]`` tensors, which live on each layer's
+    device when accelerate spread the model; the stack is on the first one's."""
+    device = per_layer[0].device
+    return torch.stack([t.to(device) for t in per_layer], 1)
 
 
 def _new(kind: type | None) -> Any:

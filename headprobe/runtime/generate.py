@@ -11,6 +11,7 @@ from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..limits import check_count
 from ..models.loading import transformers_model
+from ..models.placement import input_device
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
 from .cache_attention import check_supported, headprobe_attention
@@ -159,7 +160,7 @@ def prepare_inputs(model: Any, prompts: str | list[str] | None, tokenizer: Any, 
     """``(hf_model, tokenizer, input_ids, attention_mask)`` on the model's device, prompts left-padded."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
     hf_model = transformers_model(model)
-    device = next(hf_model.parameters()).device
+    device = input_device(hf_model)
     if input_ids is None:
         if tokenizer is None or prompts is None:
             raise HeadprobeError("pass prompts with a tokenizer, or input_ids")

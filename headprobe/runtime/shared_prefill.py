@@ -185,7 +185,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     ids, mask = prefill.input_ids, prefill.attention_mask
     cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
     cache.compress_prompt(prefill.layers)
-    first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.dtype)          # [batch, 1]
+    first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.device, ids.dtype)   # [batch, 1]
     sequences = torch.cat([ids, first], 1)
     eos = generation_eos_ids(hf_model, tokenizer)
     if max_new_tokens > 1 and not all(int(t) in eos for t in first[:, 0]):

@@ -128,7 +128,9 @@ class DynamicKV(ScorerPolicy):
                 ar = torch.arange(sc.shape[1], device=sc.device)
                 sc = sc.masked_fill(ar[None, :] >= lengths[:, None], float("-inf"))
                 held.append((lengths, sc))
-            flat = torch.cat([sc.reshape(-1) for _, sc in held])
+            # The layers may live on different devices (accelerate's device_map): rank them on the first's.
+            device = held[0][1].device
+            flat = torch.cat([sc.reshape(-1).to(device) for _, sc in held])
             finite = int(torch.isfinite(flat).sum())
             # Σ of the layers' own budgets beyond the window: B·H·t for a uniform capacity, the budget
             # file's totals for a map (each layer's heads may differ).
@@ -138,7 +140,7 @@ class DynamicKV(ScorerPolicy):
             if total:
                 winners = flat.topk(total).indices.cpu()
                 counts = np.bincount(owner[winners].numpy(), minlength=t).astype(np.float64)
-            caps = torch.stack([lengths for lengths, _ in held]).cpu().numpy().astype(np.int64)   # [t, h]
+            caps = torch.stack([lengths.cpu() for lengths, _ in held]).numpy().astype(np.int64)   # [t, h]
             weights = np.repeat(counts[:, None] / h, h, axis=1)
             shares = split_with_caps(total, weights, caps)
             for i, entry in enumerate(layers):
