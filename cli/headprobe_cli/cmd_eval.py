@@ -89,7 +89,7 @@ def run(args: argparse.Namespace) -> int:
     settings = headprobe.expand_settings(args.settings, args.capacities, headprobe.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
     for s in settings:   # bad policy options fail before the model loads
-        headprobe.make_policy(s.policy, **s.options)
+        s.check_policy()
     out = Path(args.out)
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
     log = headprobe.cell_log_path(out)

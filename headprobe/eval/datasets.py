@@ -130,11 +130,15 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     Raises
     ------
     HeadprobeError
-        A setting that does not fit the model, a ``max_length`` too short for a question, an existing log
-        without ``resume``/``force``, or a log made with other settings.
+        A setting that does not fit the model or has a question window, a ``max_length`` too short for a
+        question, an existing log without ``resume``/``force``, or a log made with other settings.
     """
     from .runner import resolve_budgets
 
+    for s in settings:
+        if s.question_window:
+            raise HeadprobeError(f"setting {s.label}: window=question needs a prompt whose question the harness "
+                                 "placed (the needle, babi or longgen task); give a window in tokens")
     budgets = resolve_budgets(lm, settings)
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
