@@ -12,50 +12,20 @@ capacity, one block per window. Long-generation results (``--task longgen``) als
 recall.
 
 "published" means a preset with the options its method was published with
-(:data:`headprobe.eval.presets.PUBLISHED`); "window N" / "window question" a preset or policy whose
-window was set for the comparison; a question window is shown with the range of sizes it took.
+(:data:`headprobe.eval.presets.PUBLISHED`), "matched" a preset whose window was set for the comparison
+(:func:`headprobe.eval.presets.describe_window`); a question window is shown with the range of sizes it
+took, "none" marks policies without an observation window.
 """
 
 from __future__ import annotations
 
 import argparse
-import re
 from collections import defaultdict
 
 import numpy as np
 
 import headprobe
-from headprobe.eval.presets import PRESETS
-from headprobe.eval.settings import QUESTION_WINDOW
-
-_WINDOW = re.compile(r"\[window=([^\],]+)\]$")
-#: Policies that score the prompt from an observation window (the others keep recent tokens or key
-#: diversity whatever their ``window``).
-OBSERVING = ("snapkv", "dynamickv", "keepkv", "morphkv")
-
-
-def method_and_window(setting: dict, windows_seen: dict[str, list[int]]) -> tuple[str, str, str]:
-    """``(method, window label, kind)`` of a setting from the result JSON; ``kind`` is ``published``,
-    ``matched`` (a window set for the comparison) or ``custom``."""
-    name, options = setting["name"], setting.get("options") or {}
-    base = _WINDOW.sub("", name)
-    if setting["policy"] == "full":
-        return name, "–", "–"
-    window = options.get("window", headprobe.POLICIES[setting["policy"]].window)
-    if setting["policy"] not in OBSERVING:
-        label = "none"
-    elif window == QUESTION_WINDOW:
-        seen = windows_seen.get(setting["label"], [])
-        label = f"question ({min(seen)}–{max(seen)})" if seen else "question"
-    else:
-        label = str(window)
-    if name in PRESETS and options == PRESETS[name][3]:
-        kind = "published"
-    elif base in PRESETS and set(options) - set(PRESETS[base][3]) <= {"window"}:
-        kind = "matched"
-    else:
-        kind = "custom"
-    return base, label, kind
+from headprobe.eval.presets import describe_window
 
 
 def main() -> None:
@@ -69,7 +39,7 @@ def main() -> None:
     windows_seen: dict[str, list[int]] = defaultdict(list)
     for c in cells:
         windows_seen[c["setting"]].extend(t["window"] for t in c["trials"] if "window" in t)
-    info = {label: method_and_window(s, windows_seen) for label, s in settings.items()}
+    info = {label: describe_window(s, windows_seen.get(label, ())) for label, s in settings.items()}
     longgen = any("needle_recall" in s for s in summary)
     head = ("| setting | window | settings | mean accuracy | found | cache allocated MiB | pairs held MiB | "
             "share of full cache | ms / token |")

@@ -11,6 +11,8 @@ differs most between methods: SnapKV's authors ran a 32-token window, HeadKV's a
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,3 +123,51 @@ PUBLISHED: dict[str, Preset] = {
 #: name -> (policy, allocation, profiles, policy options), the form :func:`~.settings.parse_setting` reads.
 PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
     name: (p.policy, p.allocation, p.profiles, dict(p.options)) for name, p in PUBLISHED.items()}
+
+
+#: Policies that score the prompt from an observation window; the others keep recent tokens (StreamingLLM)
+#: or distinct keys (KeyDiff) whatever their ``window`` option.
+OBSERVING_POLICIES = ("snapkv", "dynamickv", "keepkv", "morphkv")
+
+_WINDOW_SUFFIX = re.compile(r"\[window=[^\],]+\]$")
+
+
+def describe_window(setting: Mapping[str, Any], windows: Sequence[int] = ()) -> tuple[str, str, str]:
+    """How a setting of a result file (``EvalSetting.to_json()``) treats the observation window.
+
+    Parameters
+    ----------
+    setting
+        One entry of a result's ``settings``.
+    windows
+        The windows its trials recorded (a question window's sizes).
+
+    Returns
+    -------
+    method, window, kind
+        The setting's name without a ``[window=...]`` suffix; the window (``"32"``, ``"question
+        (29–34)"``, ``"none"`` for policies without an observation window, ``"–"`` for the full cache);
+        ``"published"`` (a preset with its published options), ``"matched"`` (a preset with only its
+        window changed) or ``"custom"``.
+    """
+    from .settings import QUESTION_WINDOW
+
+    name, policy, options = setting["name"], setting["policy"], setting.get("options") or {}
+    if policy == "full":
+        return name, "–", "–"
+    method = _WINDOW_SUFFIX.sub("", name)
+    if policy not in OBSERVING_POLICIES:
+        window = "none"
+    elif options.get("window") == QUESTION_WINDOW:
+        window = f"question ({min(windows)}–{max(windows)})" if windows else "question"
+    else:
+        from ..runtime import POLICIES
+
+        window = str(options.get("window", POLICIES[policy].window))
+    if name in PRESETS and options == PRESETS[name][3]:
+        kind = "published"
+    elif method in PRESETS and set(options) - set(PRESETS[method][3]) <= {"window"}:
+        kind = "matched"
+    else:
+        kind = "custom"
+    return method, window, kind

@@ -217,3 +217,20 @@ def test_policies_with_an_observation_window_take_the_question_window(tiny_llama
     assert result.complete and all("window" in t for c in result.cells if c["setting"] != "full"
                                    for t in c["trials"])
     assert isinstance(EvalSetting("x", "snapkv", options={"window": QUESTION_WINDOW}).question_window, bool)
+
+
+def test_describe_window_tells_published_from_matched_settings():
+    from headprobe.eval.presets import describe_window
+
+    specs = ["full", "snapkv", "snapkv[window=8]", "headkv-r", "headkv-r[window=question]", "streaming",
+             "snapkv[window=64,kernel_size=5]", "snapkv:headkv:retrieval"]
+    got = {s.name: describe_window(s.to_json(), [29, 34] if s.question_window else ())
+           for s in expand_settings(specs, [64])}
+    assert got["full"] == ("full", "–", "–")
+    assert got["snapkv"] == ("snapkv", "32", "published")
+    assert got["snapkv[window=8]"] == ("snapkv", "8", "matched")
+    assert got["headkv-r"] == ("headkv-r", "8", "published")
+    assert got["headkv-r[window=question]"] == ("headkv-r", "question (29–34)", "matched")
+    assert got["streaming"] == ("streaming", "none", "published")
+    assert got["snapkv[window=64,kernel_size=5]"][1:] == ("64", "custom")
+    assert got["snapkv:headkv:retrieval"] == ("snapkv:headkv:retrieval", "8", "custom")
