@@ -103,7 +103,7 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
                                          tuple(headprobe.POLICIES))
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     for s in settings:   # bad policy options fail before the model loads
-        headprobe.make_policy(s.policy, **s.options)
+        s.check_policy()
     out = Path(args.out)
     plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
         else out.with_suffix(".png")

@@ -134,15 +134,19 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     Raises
     ------
     HeadprobeError
-        A setting that does not fit the model, a ``max_length`` too short for a question, an existing log
-        without ``resume``/``force``, an existing result or figure the run may not replace, a log made
-        with other settings, or a log another run writes to.
+        A setting that does not fit the model or has a question window, a ``max_length`` too short for a
+        question, an existing log without ``resume``/``force``, an existing result or figure the run may
+        not replace, a log made with other settings, or a log another run writes to.
     """
     from ..limits import check_count
     from .runner import resolve_budgets
 
     check_count("max_new_tokens", max_new_tokens)
     check_count("max_length", max_length)
+    for s in settings:
+        if s.question_window:
+            raise HeadprobeError(f"setting {s.label}: window=question needs a prompt whose question the harness "
+                                 "placed (the needle, babi or longgen task); give a window in tokens")
     budgets = resolve_budgets(lm, settings)
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),

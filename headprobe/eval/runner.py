@@ -1,7 +1,8 @@
 """The grid runner: every setting × length × depth cell, every item in each cell, logged cell by cell.
 
 :func:`run_eval` goes in named steps: check the request, resolve every setting's budget
-(:func:`resolve_budgets`), check the prompt lengths (:class:`GridPrompts`), open or resume the cell log
+(:func:`resolve_budgets`), check the prompt lengths (:class:`GridPrompts`) and the question windows
+(:func:`check_question_windows`), open or resume the cell log
 (:func:`open_cell_log`), then for each (length, depth) run the cells not yet finished together
 (:func:`run_cell_group`, one shared prompt forward per item) and log them (:mod:`headprobe.eval.cell_log`:
 the result JSON is rewritten atomically after each group). An interrupted run resumes from the last
@@ -63,17 +64,35 @@ class EvalRequest:
     share_prefill: bool = True
 
 
-def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | None = None) -> Any:
+def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | None = None,
+                   window: int | None = None) -> Any:
     """The ``budget`` argument of :func:`generate_compressed` for a setting: a capacity or a budget map.
+
+    A budget map is allocated for the observation window the setting's policy runs with (``window``, by
+    default the setting's own), so every head's floor holds that window: HeadKV's floor is
+    ``window + (b - b // beta)`` with ``b = capacity - window``, PyramidKV's and the combined map's
+    ``window``, and a map allocated for 8 tokens is never run with 32.
 
     Raises
     ------
     HeadprobeError
-        A profile that is missing or made for another model, or a capacity the allocator refuses.
+        A profile that is missing or made for another model, or a capacity the allocator refuses (one no
+        larger than the window).
     """
     from ..allocation import allocate, load_profile, newest_profile
+    from ..runtime import POLICIES
 
-    if setting.capacity is None or setting.allocation in (None, "uniform"):
+    if setting.capacity is None:
+        return None
+    if window is None:
+        window = setting.window()
+        if not isinstance(window, int):
+            raise HeadprobeError(f"setting {setting.label}: its window is set per prompt; pass the window to "
+                                 "allocate for")
+    if setting.allocation in (None, "uniform"):
+        if POLICIES[setting.policy].uses_budgets and setting.capacity < window:
+            raise HeadprobeError(f"setting {setting.label}: a capacity of {setting.capacity} tokens per head is "
+                                 f"smaller than the {setting.policy} window ({window} tokens)")
         return setting.capacity
     profiles = []
     for p in setting.profiles:
@@ -82,14 +101,48 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
         else:
             profiles.append(newest_profile(lm.identity, p, profile_dirs).profile)
     try:
-        return allocate(setting.allocation, profiles, lm.identity, capacity=setting.capacity)
+        return allocate(setting.allocation, profiles, lm.identity, capacity=setting.capacity, window=int(window))
     except HeadprobeError as exc:
         raise HeadprobeError(f"setting {setting.label}: {exc}") from None
 
 
+@dataclass
+class WindowBudgets:
+    """The budgets of a setting whose window is the question (``window=question``): one per window size
+    met, each allocated for that window (:func:`resolve_budget`) on first use.
+
+    Call it with a window to get the budget.
+    """
+
+    lm: Any
+    setting: EvalSetting
+    profile_dirs: list[Path] | None = None
+    by_window: dict[int, Any] = field(default_factory=dict)
+
+    def __call__(self, window: int) -> Any:
+        if window not in self.by_window:
+            cap = self.setting.capacity
+            if cap is not None and window > cap:
+                raise HeadprobeError(f"setting {self.setting.label}: a question window of {window} tokens does not "
+                                     f"fit a capacity of {cap} tokens per head")
+            self.by_window[window] = resolve_budget(self.lm, self.setting, self.profile_dirs, window)
+        return self.by_window[window]
+
+
 def resolve_budgets(lm: Any, settings: list[EvalSetting], profile_dirs: list[Path] | None = None) -> dict[str, Any]:
-    """Every setting's budget by label (:func:`resolve_budget`), so a bad setting fails before any trial."""
-    return {s.label: resolve_budget(lm, s, profile_dirs) for s in settings}
+    """Every setting's budget by label (:func:`resolve_budget`), so a bad setting fails before any trial; a
+    setting with a question window gets a :class:`WindowBudgets` (checked with :func:`check_question_windows`)."""
+    return {s.label: WindowBudgets(lm, s, profile_dirs) if s.question_window else resolve_budget(lm, s, profile_dirs)
+            for s in settings}
+
+
+def trial_setting(setting: EvalSetting, budget: Any, context: TrialContext) -> tuple[EvalSetting, Any]:
+    """The setting and budget one trial runs with: a question window becomes the prompt's
+    :attr:`~headprobe.haystack.context.TrialContext.question_window` and its budget is allocated for it."""
+    if not setting.question_window:
+        return setting, budget
+    window = context.question_window
+    return setting.with_window(window), budget(window)
 
 
 def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetting, budget: Any,
@@ -157,6 +210,27 @@ class GridPrompts:
             self(self.request.items[0], length, self.request.depths[0])
 
 
+def check_question_windows(request: EvalRequest, prompts: GridPrompts, budgets: dict[str, Any]) -> None:
+    """Before any trial: every item's question window fits every question-window setting's capacity (and
+    its allocation), measured on the item's prompt at the first length and depth.
+
+    Raises
+    ------
+    HeadprobeError
+        A question longer than a setting's capacity, or an allocation that refuses its window.
+    """
+    settings = [s for s in request.settings if s.question_window]
+    if not settings:
+        return
+    for item in request.items:
+        window = prompts(item, request.lengths[0], request.depths[0]).question_window
+        for s in settings:
+            try:
+                budgets[s.label](window)
+            except HeadprobeError as exc:
+                raise HeadprobeError(f"{exc} (item {item.id})") from None
+
+
 def check_request(request: EvalRequest) -> None:
     """Refuse a grid with nothing to ask or no cell.
 
@@ -212,8 +286,11 @@ def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings
                                   prefill=prefill)["response"]
         for s in full_first:
             use = prefill if prefill is not None and shares_prefill(s) else None
-            trial = run_trial(lm, ctx, item, s, budgets[s.label], request.max_new_tokens, prefill=use,
+            run_as, budget = trial_setting(s, budgets[s.label], ctx)
+            trial = run_trial(lm, ctx, item, run_as, budget, request.max_new_tokens, prefill=use,
                               reference=reference)
+            if s.question_window:
+                trial["window"] = run_as.options["window"]
             trials[s.label].append(trial)
             if item.scorer == "fidelity" and reference is None:
                 reference = trial["response"]
@@ -259,6 +336,7 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
     budgets = resolve_budgets(lm, request.settings, request.profile_dirs)
     prompts = GridPrompts(lm, request)
     prompts.check_lengths()
+    check_question_windows(request, prompts, budgets)
     with open_cell_log(lm, request, out, resume=resume, force=force, figures=figures) as cells:
         if shard is not None:
             cells.result.extra["shard"] = list(shard)

@@ -1,35 +1,28 @@
 """Eval settings: which policy, which allocation (and its profiles), which capacity.
 
-A setting is written ``NAME`` (a preset, see :data:`PRESETS`) or ``POLICY[:ALLOCATION[:PROFILE,...]]``
-where ``PROFILE`` is a profile kind (``retrieval``, ``retrieval_reasoning``, ``enhanced_retrieval``,
-``layer_retention``; the newest matching profile is used) or a profile file, optionally followed by policy
-options in brackets: ``keepkv[key_merge=zip]``, ``snapkv:headkv[window=16,kernel_size=5]``. Every setting
-except ``full`` is run once per capacity (mean tokens per KV head).
+A setting is written ``NAME`` (a preset, see :data:`PRESETS`: each method at its published setting) or
+``POLICY[:ALLOCATION[:PROFILE,...]]`` where ``PROFILE`` is a profile kind (``retrieval``,
+``retrieval_reasoning``, ``enhanced_retrieval``, ``layer_retention``; the newest matching profile is used)
+or a profile file, optionally followed by policy options in brackets: ``keepkv[key_merge=zip]``,
+``snapkv:headkv[window=16,kernel_size=5]``, ``headkv-r[window=question]`` (the observation window set to
+the question of each prompt, :data:`QUESTION_WINDOW`). Every setting except ``full`` is run once per
+capacity (mean tokens per KV head), or only at the capacities pinned after ``@``: ``headkv-r[window=32]@64,128``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, param
+from .presets import PRESETS
 
-#: name -> (policy, allocation, profiles, policy options)
-PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
-    "full": ("full", None, (), {}),
-    "streaming": ("streaming", None, (), {}),
-    "snapkv": ("snapkv", "uniform", (), {}),
-    "pyramid": ("snapkv", "pyramid", (), {}),
-    "dynamickv": ("dynamickv", None, (), {}),
-    "headkv-r": ("snapkv", "headkv", ("retrieval",), {}),
-    "headkv-er": ("snapkv", "headkv", ("enhanced_retrieval",), {}),
-    "headkv-r2": ("snapkv", "headkv", ("retrieval_reasoning",), {}),
-    "combined": ("snapkv", "combined", ("retrieval_reasoning", "layer_retention"), {}),
-    "keydiff": ("keydiff", None, (), {"block_size": 128}),
-    "morphkv": ("morphkv", None, (), {}),
-    "keepkv": ("keepkv", None, (), {}),
-}
+#: The ``window`` option value that sets a policy's observation window to the question: the tokens from
+#: the question's first token to the end of the prompt (question + what follows it: the answer
+#: instruction, the chat template's end, a response prefix), measured on every trial's prompt.
+QUESTION_WINDOW = "question"
 
 PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 ALLOCATIONS = ("uniform", "pyramid", "headkv", "dynamickv", "combined")
@@ -69,6 +62,42 @@ class EvalSetting:
     def to_json(self) -> dict[str, Any]:
         return {"label": self.label, "name": self.name, "policy": self.policy, "allocation": self.allocation,
                 "profiles": list(self.profiles), "capacity": self.capacity, "options": dict(self.options)}
+
+    @property
+    def question_window(self) -> bool:
+        """Whether the observation window is the question of each prompt (``window=question``)."""
+        return self.options.get("window") == QUESTION_WINDOW
+
+    def window(self) -> int | str:
+        """The observation window the setting's policy runs with: its ``window`` option, else the
+        policy's default (:data:`QUESTION_WINDOW` when it is set per prompt)."""
+        if "window" in self.options:
+            return self.options["window"]
+        from ..runtime import POLICIES
+
+        return POLICIES[self.policy].window
+
+    def with_window(self, window: int) -> EvalSetting:
+        """The same setting (same label) with a fixed window, as one trial runs it."""
+        return replace(self, options={**self.options, "window": int(window)})
+
+    def check_policy(self) -> None:
+        """Build the setting's policy once, so that a bad option is refused in one line before any trial
+        (a question window is checked as the policy's default window; its size is known per prompt).
+
+        Raises
+        ------
+        HeadprobeError
+            An unknown policy, an option it does not have, or a value it cannot take.
+        """
+        from ..runtime import POLICIES, make_policy
+
+        options = dict(self.options)
+        if self.question_window:
+            if self.policy not in POLICIES:
+                raise HeadprobeError(f"unknown policy {self.policy!r}")
+            options["window"] = POLICIES[self.policy].window
+        make_policy(self.policy, **options)
 
 
 def split_options(spec: str) -> tuple[str, dict[str, Any]]:
@@ -119,10 +148,21 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[s
     return name, policy, alloc, profs, bracket
 
 
+_PINNED = re.compile(r"(.+)@(\d+(?:,\d+)*)")
+
+
+def split_capacities(spec: str) -> tuple[str, list[int] | None]:
+    """``"headkv-r[window=32]@64,128"`` → ``("headkv-r[window=32]", [64, 128])``; no ``@``: ``None``."""
+    m = _PINNED.fullmatch(spec.strip())
+    if m is None:
+        return spec.strip(), None
+    return m.group(1).strip(), [int(c) for c in m.group(2).split(",")]
+
+
 def expand_settings(specs: list[str], capacities: list[int], options: dict[str, Any] | None = None,
                     policies: tuple[str, ...] | None = None) -> list[EvalSetting]:
-    """Every spec at every capacity (``full`` once); ``options`` override the presets' policy options and
-    a spec's own bracketed options override both.
+    """Every spec at every capacity (``full`` once), or at the capacities pinned after its ``@``;
+    ``options`` override the presets' policy options and a spec's own bracketed options override both.
 
     Raises
     ------
@@ -134,15 +174,21 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
     if any(c < 1 for c in capacities):
         raise HeadprobeError(f"{param('capacities', capacities)}: expected positive token counts per head")
     out: list[EvalSetting] = []
-    for spec in specs:
+    for written in specs:
+        spec, pinned = split_capacities(written)
         name, policy, alloc, profs, opts = parse_setting(spec, policies)
         opts = {**opts, **(options or {}), **split_options(spec)[1]}   # brackets win over ``options``
         if policy == "full":
+            if pinned is not None:
+                raise HeadprobeError(f"{param('spec', written)}: the full cache has no capacity to pin")
             out.append(EvalSetting(name, policy, None, (), None, {}))
             continue
-        if not capacities:
+        caps = capacities if pinned is None else pinned
+        if any(c < 1 for c in caps):
+            raise HeadprobeError(f"{param('spec', written)}: expected positive token counts per head after @")
+        if not caps:
             raise HeadprobeError(f"{param('spec', spec)}: needs {param('capacities')}")
-        out.extend(EvalSetting(name, policy, alloc, profs, int(c), dict(opts)) for c in capacities)
+        out.extend(EvalSetting(name, policy, alloc, profs, int(c), dict(opts)) for c in caps)
     labels = [s.label for s in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:

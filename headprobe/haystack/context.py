@@ -2,8 +2,10 @@
 
 The needle is inserted at the requested depth moved back to the previous sentence start, the prompt is
 rendered with the model's chat template (when it has one and it is wanted) and tokenised once; the
-answer span is located by mapping the answer's character offsets to tokens through the tokenizer's
-offset mapping, so it is exact even when tokens merge across the needle's boundary.
+answer span and the question span are located by mapping character offsets to tokens through the
+tokenizer's offset mapping, so they are exact even when tokens merge across a boundary. The question
+span says where the question ends relative to the last prompt token (what an observation window of the
+last ``w`` prompt tokens sees of it).
 """
 
 from __future__ import annotations
@@ -38,6 +40,12 @@ class TrialContext:
         ``(start, end)`` character offsets of the answer in ``text``.
     depth
         Requested depth in [0, 1]; ``actual_depth`` is where the needle landed (share of haystack chars).
+    response_prefix
+        Text appended after the rendered prompt to start the response (reasoning needles).
+    question_span
+        ``(start, end)`` token positions of the question asked after the document (the needle's or the
+        item's question sentence, without the ``Question:`` label and the answer instruction);
+        ``(0, 0)`` when there is none.
     """
 
     input_ids: list[int]
@@ -49,10 +57,30 @@ class TrialContext:
     depth: float
     actual_depth: float
     response_prefix: str = ""
+    question_span: tuple[int, int] = (0, 0)
 
     @property
     def length(self) -> int:
         return len(self.input_ids)
+
+    @property
+    def after_question(self) -> int:
+        """Prompt tokens after the question's last token: the answer instruction, the chat template's end
+        (``<|im_end|>``, ``<|im_start|>assistant`` ...) and any response prefix. A window of the last ``w``
+        tokens sees the question only when ``w > after_question``."""
+        self._check_question()
+        return self.length - self.question_span[1]
+
+    @property
+    def question_window(self) -> int:
+        """The smallest window of last prompt tokens that holds the whole question: question tokens plus
+        :attr:`after_question`."""
+        self._check_question()
+        return self.length - self.question_span[0]
+
+    def _check_question(self) -> None:
+        if self.question_span[1] <= self.question_span[0]:
+            raise HeadprobeError("this prompt has no question to measure a window from")
 
 
 def question_prompt(needle: Needle | None, question: str | None = None) -> str:
@@ -150,6 +178,7 @@ def build_context(
         raise HeadprobeError(f"{param('depths', depth)}: expected a depth between 0 and 1")
     text = haystack.text
     offsets = _haystack_tokens(tokenizer, text)
+    asked = question if question is not None else (needle.question if needle else "")
     qtext = question_prompt(needle, question)
     empty, _, add_special = render_prompt(tokenizer, f"\n\n{qtext}", chat_template)
     overhead = len(tokenizer(empty, add_special_tokens=add_special)["input_ids"])
@@ -171,7 +200,7 @@ def build_context(
         if cut == 0:
             cut = offsets[budget - 1][1]
         body = text[:cut].rstrip()
-        context = _assemble(tokenizer, body, needle, depth, qtext, chat_template, length)
+        context = _assemble(tokenizer, body, needle, depth, qtext, chat_template, length, asked)
         if context.length <= length and (best is None or context.length > best.length):
             best = context
         if best is not None and length - best.length <= 16:
@@ -186,7 +215,7 @@ def build_context(
 
 
 def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: str, chat_template: bool,
-              length: int) -> TrialContext:
+              length: int, asked: str = "") -> TrialContext:
     if needle is None:
         document, needle_at, actual = body, None, depth
     else:
@@ -206,14 +235,19 @@ def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: 
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
+    question_span = (0, 0)
+    if asked.strip():
+        q_start = offset + len(document) + 2 + qtext.index(asked)        # user_text = document + "\n\n" + qtext
+        question_span = chars_to_tokens(offsets, q_start, q_start + len(asked))
     if needle is None:
-        return TrialContext(ids, text, (0, 0), (0, 0), (0, 0), length, depth, actual)
+        return TrialContext(ids, text, (0, 0), (0, 0), (0, 0), length, depth, actual, question_span=question_span)
     needle_start = offset + needle_at
     answer_start = needle_start + needle.answer_offset
     answer_chars = (answer_start, answer_start + len(needle.answer))
     answer_span = chars_to_tokens(offsets, *answer_chars)
     needle_span = chars_to_tokens(offsets, needle_start, needle_start + len(needle.needle))
-    return TrialContext(ids, text, answer_span, needle_span, answer_chars, length, depth, actual, prefix)
+    return TrialContext(ids, text, answer_span, needle_span, answer_chars, length, depth, actual, prefix,
+                        question_span)
 
 
 def response_tokens(tokenizer, context: TrialContext, answer: str) -> list[int]:

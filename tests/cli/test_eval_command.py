@@ -45,7 +45,7 @@ def test_missing_fields_name_what_exists(tmp_path):
 
 
 def test_dataset_eval_on_tiny_model(tiny_llama, tmp_path):
-    settings = expand_settings(["full", "snapkv"], [16])
+    settings = expand_settings(["full", "snapkv[window=8]"], [16])
     out = tmp_path / "ds.json"
     result = run_dataset_eval(tiny_llama, load_qa_dataset(_dataset()), settings, out, max_length=200,
                               max_new_tokens=3, chat_template=False)
