@@ -44,19 +44,25 @@ __all__ += ["allocate", "clamp_and_redistribute", "import_file", "newest_profile
 from .files.trial_log import read_log
 from .haystack import Needle, load_haystack, load_needles, load_tasks
 from .probes import trial_grid as probe_grid
+from .probes.early_stop import StopRule
 from .probes.retention import RetentionConfig
-from .probes.run import PROBES, ProfileRequest, ProfileResult, merge_profile_logs, run_profile
+from .probes.reuse_mode import DEFAULT_RECOMPUTE_SHARE, parse_recompute_share
+from .probes.run import MODES, PROBES, ProfileRequest, ProfileResult, merge_profile_logs, run_profile
 
 __all__ += [
+    "DEFAULT_RECOMPUTE_SHARE",
+    "MODES",
     "PROBES",
     "Needle",
     "ProfileRequest",
     "ProfileResult",
     "RetentionConfig",
+    "StopRule",
     "load_haystack",
     "load_needles",
     "load_tasks",
     "merge_profile_logs",
+    "parse_recompute_share",
     "probe_grid",
     "read_log",
     "run_profile",
@@ -138,7 +144,7 @@ from .files.jsonio import atomic_write_json, check_writable_dir
 from .files.overwrite import check_overwrite
 from .haystack.needles import shipped_needle_file
 from .models import model_slug
-from .plots import ablation_bars, accuracy_vs_memory, needle_grid, save_figure
+from .plots import ablation_bars, accuracy_vs_memory, needle_grid, save_figure, stability_figure
 
 __all__ += [
     "BABI_TASKS",
@@ -170,5 +176,6 @@ __all__ += [
     "run_eval",
     "save_figure",
     "shipped_needle_file",
+    "stability_figure",
     "top_heads",
 ]

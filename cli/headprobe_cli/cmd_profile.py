@@ -26,13 +26,26 @@ def register(sub, formatter) -> None:
                "  headprobe profile                                  # embedded SmolLM2, CPU grid, all probes\n"
                "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
                "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
+               "  headprobe profile --grid full --mode reuse --until-stable   # approximate, stops when stable\n"
                "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl",
     )
     p.add_argument("--model", default=headprobe.DEFAULT_MODEL, help="alias, Hugging Face id or local directory")
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
                    help=f"probes to run: all or any of {', '.join(PROBES)}")
-    p.add_argument("--mode", choices=["fast", "reference"], default="fast",
-                   help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step")
+    p.add_argument("--mode", choices=list(headprobe.MODES), default="fast",
+                   help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
+                        "reuse: approximate, one haystack forward per length, a share of it recomputed per trial")
+    p.add_argument("--recompute-share", type=float, default=100 * headprobe.DEFAULT_RECOMPUTE_SHARE, metavar="PCT",
+                   help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
+    p.add_argument("--until-stable", action="store_true",
+                   help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
+                        "when its top-k heads are stable across bootstrap resamples")
+    p.add_argument("--stable-k", type=int, default=20, metavar="K", help="--until-stable: size of the top head set")
+    p.add_argument("--stable-jaccard", type=float, default=0.9, metavar="J",
+                   help="--until-stable: least mean Jaccard index of the resampled top-k sets")
+    p.add_argument("--plot-stability", action="store_true",
+                   help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
+                        "top-k stability as trials were added")
     p.add_argument("--grid", choices=["auto", "cpu", "full"], default="auto",
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
@@ -63,6 +76,10 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
+def _pass_of(kind: str) -> str:
+    return "reasoning" if kind == "retrieval_reasoning" else "retrieval"
+
+
 def run(args) -> int:
     if args.merge:
         for path in merge_profile_logs(args.merge, args.out_dir, args.name):
@@ -75,6 +92,8 @@ def run(args) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
+    share = headprobe.parse_recompute_share(args.recompute_share)
+    until_stable = (headprobe.StopRule(k=args.stable_k, jaccard=args.stable_jaccard) if args.until_stable else None)
     loaded = headprobe.load_model(args.model, device=args.device, dtype=args.dtype,
                                   trust_remote_code=args.trust_remote_code)
     on_gpu = loaded.device.type == "cuda"
@@ -97,9 +116,13 @@ def run(args) -> int:
         chat_template=not args.no_chat_template, batch_size=args.batch_size, gate=args.gate,
         group_reduction=args.group_reduction, tasks=args.tasks, samples_per_task=args.samples_per_task,
         retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens),
-        resume=args.resume, force=args.force, shard=shard, name=args.name,
+        resume=args.resume, force=args.force, shard=shard, name=args.name, recompute_share=share,
+        until_stable=until_stable,
     )
-    print(f"profiling {loaded.identity.name} on {loaded.device} ({args.mode} mode): {described}; "
+    mode = f"reuse mode, recompute share {args.recompute_share:g}%" if args.mode == "reuse" else f"{args.mode} mode"
+    if until_stable:
+        mode += f", until the top-{until_stable.k} heads are stable"
+    print(f"profiling {loaded.identity.name} on {loaded.device} ({mode}): {described}; "
           f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}",
           file=sys.stderr)
     started = time.perf_counter()
@@ -109,10 +132,18 @@ def run(args) -> int:
           file=sys.stderr)
     for path in result.logs:
         print(f"trial log {path}")
+    for pass_name, outcome in result.stopping.items():
+        state = "stable" if outcome.stable else "not stable when the grid ran out"
+        print(f"{pass_name}: {state} after {outcome.trials} of {outcome.grid} trials", file=sys.stderr)
     for path in result.profiles:
         profile = headprobe.Profile.load(path)
         t = profile.trials
         print(f"wrote {path} ({t['passed']}/{t['total']} trials passed)")
+        if args.plot_stability and profile.intervals:
+            log = next((lp for lp in result.logs if headprobe.read_log(lp)[0].get("pass") == _pass_of(profile.kind)),
+                       None)
+            fig = headprobe.stability_figure(profile, log=headprobe.read_log(log) if log else None)
+            print(f"wrote {headprobe.save_figure(fig, path.with_suffix('.stability.png'), force=args.force)}")
     if result.failures:
         raise headprobe.NoPassingTrialsError("; ".join(result.failures))
     return 0

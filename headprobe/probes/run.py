@@ -15,12 +15,18 @@ from ..haystack.needles import Needle, load_needles, needle_set_fingerprint, shi
 from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..profile import Profile
-from .aggregate import profiles_from_log
+from .aggregate import gate_name, profiles_from_log
+from .early_stop import StopRule, check_stop_rule, run_until_stable
 from .needle_probe import NeedleProbeConfig, run_needle_trials
+from .prompt_cache import HaystackCaches
 from .retention import RetentionConfig, run_retention_sample
+from .reuse_mode import DEFAULT_RECOMPUTE_SHARE, check_recompute_share
+from .selective_prefill import check_reuse_model
 from .trial_grid import TrialSpec, make_grid, shard_trials
+from .trial_order import spread_order
 
 PROBES = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
+MODES = ("fast", "reference", "reuse")
 PASSES = {"retrieval": "retrieval", "enhanced_retrieval": "retrieval", "retrieval_reasoning": "reasoning",
           "layer_retention": "layer_retention"}
 
@@ -54,6 +60,12 @@ class ProfileRequest:
     split_attention
         Fast mode: split the prompt forward's attention into a pass over the cached prefix and a causal
         pass over the suffix (see :class:`~headprobe.probes.needle_probe.NeedleProbeConfig`).
+    recompute_share
+        Reuse mode: share (0 to 1) of the haystack after the needle recomputed per trial
+        (:mod:`headprobe.probes.reuse_mode`).
+    until_stable
+        Run each needle pass in a spread order and stop once its top-k heads are stable across bootstrap
+        resamples (:mod:`headprobe.probes.early_stop`); ``None`` runs the whole grid.
     """
 
     probes: list[str]
@@ -74,6 +86,8 @@ class ProfileRequest:
     samples_per_task: int | None = None
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     split_attention: bool = True
+    recompute_share: float = DEFAULT_RECOMPUTE_SHARE
+    until_stable: StopRule | None = None
     resume: bool = False
     force: bool = False
     shard: tuple[int, int] | None = None
@@ -82,13 +96,14 @@ class ProfileRequest:
 
 @dataclass
 class ProfileResult:
-    """What a run wrote."""
+    """What a run wrote (``stopping``: per needle pass, its early-stopping outcome when it had one)."""
 
     logs: list[Path]
     profiles: list[Path]
     trials_run: int
     trials_skipped: int
     failures: list[str] = field(default_factory=list)
+    stopping: dict[str, Any] = field(default_factory=dict)
 
 
 def _haystack_for_seed(base: Haystack, seed: int) -> Haystack:
@@ -123,6 +138,8 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
     set only the logs are written (merge them with :func:`merge_profile_logs`).
     """
     check_request(request)
+    if request.mode == "reuse" and any(p != "layer_retention" for p in request.probes):
+        check_reuse_model(loaded.model)
     out_dir = check_writable_dir(request.out_dir)
     stem = request.name or model_slug(loaded.identity.name)
     shard_suffix = f".shard{request.shard[0]}of{request.shard[1]}" if request.shard else ""
@@ -145,8 +162,15 @@ def check_request(request: ProfileRequest) -> None:
     for probe in request.probes:
         if probe not in PROBES:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
-    if request.mode not in ("fast", "reference"):
-        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference")
+    if request.mode not in MODES:
+        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast, reference or reuse")
+    if request.mode == "reuse":
+        check_recompute_share(request.recompute_share)
+    if request.until_stable is not None:
+        check_stop_rule(request.until_stable)
+        if request.shard is not None:
+            raise HeadprobeError(f"{param('until_stable')}: cannot stop early on a shard of the grid "
+                                 f"({param('shard', '/'.join(map(str, request.shard)))}); run the whole grid")
 
 
 def probe_passes(probes: list[str]) -> list[str]:
@@ -184,7 +208,17 @@ def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: 
                            "ids": [n.id for n in needles]},
             "haystack": {"name": haystack.name, "fingerprint": haystack.fingerprint},
             "gate": request.gate if pass_name == "reasoning" else "published",
-            "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
+            "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request), **_approximation(request)}
+
+
+def _approximation(request: ProfileRequest) -> dict[str, Any]:
+    """Settings that make a run other than the exact full grid (absent otherwise, so older logs resume)."""
+    out: dict[str, Any] = {}
+    if request.mode == "reuse":
+        out["recompute_share"] = request.recompute_share
+    if request.until_stable is not None:
+        out["until_stable"] = request.until_stable.to_json()
+    return out
 
 
 def _pass_probes(request: ProfileRequest, pass_name: str) -> list[str]:
@@ -259,12 +293,30 @@ def _needle_pass(run: _Run, pass_name: str, base_haystack: Haystack, log_path: P
     bar = run.progress(len(todo), f"{run.stem} {'+'.join(probes_here)} ({request.mode})") if run.progress else None
     config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
                                batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
-                               gate=settings["gate"], split_attention=request.split_attention)
+                               gate=settings["gate"], split_attention=request.split_attention,
+                               recompute_share=request.recompute_share)
     haystacks = {s: _haystack_for_seed(base_haystack, s) for s in request.seeds}
+    by_id = {n.id: n for n in needles}
     logged_before = len(log.done)
-    run_needle_trials(run.loaded, haystacks, {n.id: n for n in needles}, todo, config, log.append, bar)
+    if request.until_stable is None:
+        run_needle_trials(run.loaded, haystacks, by_id, todo, config, log.append, bar)
+    else:
+        caches = HaystackCaches(keep=len(request.lengths) * len(request.seeds))
+        rule = request.until_stable
+        gates = {kind: gate_name(kind, settings) for kind in _pass_kinds(pass_name, probes_here)}
+        outcome = run_until_stable(
+            spread_order(grid, rule.order_seed), log.done,
+            lambda chunk: run_needle_trials(run.loaded, haystacks, by_id, chunk, config, log.append, bar, caches),
+            gates, rule)
+        result.stopping[pass_name] = outcome
     result.trials_run += len(log.done) - logged_before
     return log
+
+
+def _pass_kinds(pass_name: str, probes: list[str]) -> list[str]:
+    """The score kinds a needle pass's profiles hold (retrieval passes: only the requested ones)."""
+    kinds = ("retrieval", "enhanced_retrieval") if pass_name == "retrieval" else ("retrieval_reasoning",)
+    return [k for k in kinds if k in probes]
 
 
 def _write_profiles(log: TrialLog, out_dir: Path, stem: str, result: ProfileResult) -> None:
