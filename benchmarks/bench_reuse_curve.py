@@ -2,8 +2,8 @@
 
 One needle pass (retrieval or retrieval-reasoning) on a grid of lengths x depths x needles runs once in
 fast mode (exact) and once per recompute share in reuse mode, in one process, one after the other. For
-every share the script reports seconds per trial (wall time of the run, haystack forwards included),
-the speed-up over fast mode, and how the reuse profile agrees with the fast one: Spearman correlation
+every share the script reports seconds per trial (wall time of the run, haystack forwards included, and
+the process's CPU time, which other jobs on a shared machine disturb less), the speed-up over fast mode, and how the reuse profile agrees with the fast one: Spearman correlation
 over all query heads, overlap of the top-10 and top-20 heads, and the trials whose gate decision flips.
 Results go to ``--out`` (JSON, with the per-length seconds) and are printed as a table;
 ``benchmarks/reuse_tables.py`` turns the JSON files into the docs table and figure.
@@ -56,20 +56,20 @@ def agreement(fast: list[dict], other: list[dict], kinds: list[str], gates: dict
     return out
 
 
-def run_mode(loaded, args, out: Path, mode: str, share: float) -> tuple[float, list[dict], dict]:
+def run_mode(loaded, args, out: Path, mode: str, share: float) -> tuple[float, float, list[dict], dict]:
     request = headprobe.ProfileRequest(
         probes=[args.probe] + (["enhanced_retrieval"] if args.probe == "retrieval" else []),
         lengths=args.lengths, depths=[d / 100 for d in args.depths], out_dir=out, mode=mode,
         needle_ids=args.needles, gate=args.gate, batch_size=args.batch_size, recompute_share=share,
         force=True)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     result = headprobe.run_profile(loaded, request)
-    elapsed = time.perf_counter() - start
+    elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
     _, records = headprobe.read_log(result.logs[0])
     by_length = {}
     for r in records:
         by_length[r["length"]] = by_length.get(r["length"], 0.0) + r["seconds"]
-    return elapsed, records, {str(k): round(v, 2) for k, v in sorted(by_length.items())}
+    return elapsed, cpu, records, {str(k): round(v, 2) for k, v in sorted(by_length.items())}
 
 
 def main() -> None:
@@ -98,17 +98,19 @@ def main() -> None:
         load_before = handle.read().split()[:3]
     print(f"model {loaded.identity.name}, torch threads {torch.get_num_threads()}, load {load_before}; "
           f"{args.probe}: lengths {args.lengths}, {len(args.depths)} depths, needles {args.needles}")
-    fast_seconds, fast_records, fast_by_length = run_mode(loaded, args, work / "fast", "fast", 1.0)
+    fast_seconds, fast_cpu, fast_records, fast_by_length = run_mode(loaded, args, work / "fast", "fast", 1.0)
     n = len(fast_records)
-    print(f"fast: {n} trials, {fast_seconds / n:.2f} s/trial, per length {fast_by_length}", flush=True)
+    print(f"fast: {n} trials, {fast_seconds / n:.2f} s/trial ({fast_cpu / n:.2f} CPU s), per length {fast_by_length}",
+          flush=True)
     rows = []
     for share in args.shares:
-        seconds, records, by_length = run_mode(loaded, args, work / f"reuse-{share:g}", "reuse", share / 100)
+        seconds, cpu, records, by_length = run_mode(loaded, args, work / f"reuse-{share:g}", "reuse", share / 100)
         agree = agreement(fast_records, records, kinds, gates)
         row = {"share_percent": share, "seconds_per_trial": round(seconds / n, 3),
-               "speedup": round(fast_seconds / seconds, 2), "seconds_by_length": by_length, "agreement": agree}
+               "cpu_seconds_per_trial": round(cpu / n, 3), "speedup": round(fast_seconds / seconds, 2),
+               "cpu_speedup": round(fast_cpu / cpu, 2), "seconds_by_length": by_length, "agreement": agree}
         rows.append(row)
-        print(f"share {share:g}%: {seconds / n:.2f} s/trial, {fast_seconds / seconds:.2f}x; "
+        print(f"share {share:g}%: {seconds / n:.2f} s/trial, {fast_seconds / seconds:.2f}x (CPU {fast_cpu / cpu:.2f}x); "
               + "; ".join(f"{k}: rho {v['spearman']:.3f}, top10 {v['top10']}, top20 {v['top20']}, "
                           f"flips {v['gate_flips']}" for k, v in agree.items()), flush=True)
     with open("/proc/loadavg") as handle:
@@ -117,7 +119,8 @@ def main() -> None:
               "needles": args.needles, "gate": args.gate, "trials": n, "threads": torch.get_num_threads(),
               "load_before": load_before, "load_after": load_after,
               "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-              "fast": {"seconds_per_trial": round(fast_seconds / n, 3), "seconds_by_length": fast_by_length,
+              "fast": {"seconds_per_trial": round(fast_seconds / n, 3), "cpu_seconds_per_trial": round(fast_cpu / n, 3),
+                       "seconds_by_length": fast_by_length,
                        "passed": {k: sum(1 for r in fast_records if r["gates"].get(gates[k])) for k in kinds}},
               "reuse": rows, "date": time.strftime("%Y-%m-%d")}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -48,6 +48,9 @@ class StopRule:
     bootstrap: BootstrapSettings = field(default_factory=BootstrapSettings)
     order_seed: int = 0
 
+    def __post_init__(self) -> None:
+        check_stop_rule(self)
+
     def to_json(self) -> dict[str, Any]:
         """What the trial log and the profile record of the rule."""
         return {"k": self.k, "jaccard": self.jaccard, "check_every": self.check_every,

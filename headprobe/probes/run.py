@@ -163,7 +163,7 @@ def check_request(request: ProfileRequest) -> None:
         if probe not in PROBES:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
     if request.mode not in MODES:
-        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast, reference or reuse")
+        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference (exact) or reuse (approximate)")
     if request.mode == "reuse":
         check_recompute_share(request.recompute_share)
     if request.until_stable is not None:

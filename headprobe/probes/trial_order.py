@@ -4,7 +4,9 @@ Early stopping (:mod:`headprobe.probes.early_stop`) runs trials in this order an
 prefix, so each prefix should look like a small version of the whole grid: :func:`spread_order` picks,
 one trial at a time, a trial whose length, depth, needle and seed have been used least so far (and,
 after that, whose length-depth, needle-length and needle-depth pairs have), ties broken by a seeded
-shuffle. The order depends only on the grid and the seed, so a resumed run continues it exactly.
+shuffle. Every length, depth and needle comes once before any comes twice, and in every prefix the
+counts of one axis's values differ by at most 2 (tested on HeadKV's grid shapes). The order depends
+only on the grid and the seed, so a resumed run continues it exactly.
 """
 
 from __future__ import annotations
