@@ -153,3 +153,16 @@ def test_stability_plot_from_a_stopped_run(smollm2, one_thread, tmp_path):
     assert xs[-1] == result.stopping["retrieval"].trials and curve.lines[1].get_ydata()[0] == 0.6
     path = headprobe.save_figure(fig, tmp_path / "stability.png")
     assert path.stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_profile_command_writes_the_stability_plot(smollm2, one_thread, tmp_path, capsys):
+    from headprobe_cli.main import main
+
+    assert main(["profile", "--mode", "reuse", "--recompute-share", "0", "--probe", "retrieval",
+                 "--lengths", "300", "--depths", "0", "50", "100", "--needles", "r01", "r02",
+                 "--out-dir", str(tmp_path), "--plot-stability"]) == 0
+    captured = capsys.readouterr()
+    assert "reuse mode, recompute share 0%" in captured.err
+    png = tmp_path / "smollm2-135m.retrieval.stability.png"
+    assert png.stat().st_size > 10_000 and f"wrote {png}" in captured.out
