@@ -67,6 +67,10 @@ _API: dict[str, dict[str, str]] = {
         "check_profile_run": "probes.run",
         "merge_profile_logs": "probes.run",
         "needle_kinds": "probes.run",
+        "MODES": "probes.modes",
+        "StopRule": "probes.early_stop",
+        "DEFAULT_RECOMPUTE_SHARE": "probes.modes",
+        "parse_recompute_share": "probes.modes",
         "GATES": "probes.gates",
         "choose_gate": "probes.gates",
         "run_profile": "probes.run",
@@ -174,6 +178,7 @@ _API: dict[str, dict[str, str]] = {
         "head_heatmap": "plots.profile_figures",
         "retention_curves": "plots.profile_figures",
         "save_figure": "plots.profile_figures",
+        "stability_figure": "plots.stability",
     },
 }
 

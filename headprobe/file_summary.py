@@ -56,7 +56,7 @@ def _summarize_profile(profile: Profile, path: Path, top: int) -> list[str]:
     lines = [f"{path}: headprobe profile v1, kind {profile.kind}, created {profile.created}", _model_line(profile.model)]
     probe = profile.probe
     if "lengths" in probe:
-        lines.append(f"probe      mode {probe.get('mode')}; lengths {probe.get('lengths')}; "
+        lines.append(f"probe      mode {_mode(probe)}; lengths {probe.get('lengths')}; "
                      f"{len(probe.get('depths', []))} depths; seeds {probe.get('seeds')}; gate {probe.get('gate')}")
     elif "source" in probe:
         lines.append(f"source     {probe['source']}")
@@ -74,14 +74,51 @@ def _summarize_profile(profile: Profile, path: Path, top: int) -> list[str]:
         lines.append(f"scores     {len(flat)} query heads; {100 * zeros / len(flat):.0f}% exactly 0; "
                      f"{sum(1 for s in flat if s > 0.1)} above 0.1; max {max(flat):.4f}; "
                      f"KV heads by {profile.group_reduction}")
-        heads = ", ".join(f"{l}-{h} ({s:.3f})" for l, h, s in profile.top_heads(top))
-        lines.append(f"top heads  {heads}  (layer-queryhead)")
+        lines += _top_head_lines(profile, top)
+    if t.get("stopping"):
+        lines.append(_stopping_line(t["stopping"]))
     if profile.retention:
         for task, r in profile.retention.items():
             best = sorted(range(len(r.mean)), key=lambda i: -r.mean[i])[:5]
             lines.append(f"retention  {task:<20} {r.samples} samples; top layers "
                          + ", ".join(f"{i} ({r.mean[i]:.3f}±{r.std[i]:.3f})" for i in best))
     return lines
+
+
+def _mode(settings: dict) -> str:
+    """``fast``, ``reference`` or ``reuse (recompute share 10%)``."""
+    mode = settings.get("mode")
+    if mode == "reuse" and settings.get("recompute_share") is not None:
+        return f"reuse (recompute share {100 * settings['recompute_share']:g}%)"
+    return str(mode)
+
+
+def _top_head_lines(profile: Profile, top: int) -> list[str]:
+    """The top heads, with their bootstrap intervals when the profile has them."""
+    iv = profile.intervals
+    if not iv:
+        heads = ", ".join(f"{l}-{h} ({s:.3f})" for l, h, s in profile.top_heads(top))
+        return [f"top heads  {heads}  (layer-queryhead)"]
+    header = (f"top heads  (layer-queryhead: mean over passing trials [{100 * iv['level']:g}% bootstrap interval, "
+              f"{iv['resamples']} resamples of {iv.get('trials', '?')} trials])")
+    lines = [header]
+    for rank, (l, h, s) in enumerate(profile.top_heads(top), 1):
+        lines.append(f"  {rank:>3}. {l}-{h:<4} {s:.4f} [{iv['low'][l][h]:.4f}, {iv['high'][l][h]:.4f}]")
+    jac = iv.get("top_k_jaccard") or {}
+    if jac:
+        lines.append("stability  top-k heads across resamples (mean Jaccard with the profile's): "
+                     + ", ".join(f"top-{k} {v:.2f}" for k, v in jac.items()))
+    return lines
+
+
+def _stopping_line(stop: dict) -> str:
+    rule = stop.get("rule", {})
+    if stop.get("stable"):
+        outcome = f"top-{rule.get('k')} stable (Jaccard {stop.get('jaccard')} >= {rule.get('jaccard')})"
+    else:
+        outcome = f"top-{rule.get('k')} not stable (Jaccard {stop.get('jaccard')}, rule >= {rule.get('jaccard')})"
+    return (f"stopping   until stable: {stop.get('trials_run')} of {stop.get('grid_trials')} grid trials run "
+            f"in spread order; {outcome}")
 
 
 def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
@@ -99,8 +136,12 @@ def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
 def _summarize_log(path: Path) -> list[str]:
     settings, trials = read_log(path)
     model = settings.get("model")
-    lines = [(f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {settings.get('mode')}, "
+    lines = [(f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {_mode(settings)}, "
               f"{len(trials)} trials"), f"model      {model.get('name') if isinstance(model, dict) else model}"]
+    if isinstance(settings.get("until_stable"), dict):
+        rule = settings["until_stable"]
+        lines.append(f"stopping   until the top-{rule.get('k')} heads are stable (bootstrap Jaccard >= "
+                     f"{rule.get('jaccard')}), checked every {rule.get('check_every')} trials")
     if settings.get("pass") != "layer_retention":
         gate = settings.get("gate", "published")
         passed = sum(1 for t in trials if isinstance(t.get("gates"), dict) and t["gates"].get(gate))

@@ -70,6 +70,11 @@ class Profile:
         How retention was measured (window, pooling kernel, top-k rule, capacity).
     created
         ISO-8601 UTC time.
+    intervals
+        Needle profiles: bootstrap intervals over the passing trials, ``{"method": "bootstrap",
+        "resamples", "level", "seed", "trials", "low": [layers][query_heads], "high": [layers][query_heads],
+        "top_k_jaccard": {k: mean Jaccard index of the resamples' top-k heads with the profile's}}``, or
+        ``None`` (profiles written before intervals existed, imports, layer retention).
     """
 
     kind: str
@@ -82,6 +87,7 @@ class Profile:
     retention: dict[str, LayerRetention] | None = None
     retention_settings: dict[str, Any] | None = None
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    intervals: dict[str, Any] | None = None
 
     # ---- derived ---------------------------------------------------------------------------------
     @property
@@ -119,6 +125,8 @@ class Profile:
                 "kv_heads": self.kv_heads,
                 "group_reduction": self.group_reduction,
             }
+        if self.intervals is not None:
+            out["intervals"] = self.intervals
         if self.retention is not None:
             out["retention"] = {
                 "settings": self.retention_settings or {},
@@ -175,9 +183,10 @@ class Profile:
                                                  samples=require(entry, "samples", int, path, name + "."))
         if query_heads is None and retention is None:
             raise FileFormatError(path, "scores", "a profile needs head scores or layer retention; found neither")
+        intervals = _intervals_from_json(obj.get("intervals"), model, query_heads is not None, path)
         return cls(kind=kind, model=model, probe=probe, trials=trials, query_heads=query_heads,
                    kv_heads=kv_heads, group_reduction=reduction, retention=retention,
-                   retention_settings=settings, created=str(obj.get("created", "")))
+                   retention_settings=settings, created=str(obj.get("created", "")), intervals=intervals)
 
     @classmethod
     def load(cls, path: str | Path) -> Profile:
@@ -207,6 +216,22 @@ def _check_trial_counts(trials: dict, path: object) -> None:
             continue
         if not isinstance(table, dict) or not all(_count(v) for v in table.values()):
             raise FileFormatError(path, f"trials.{key}", f"expected an object {{{what}: count}}")
+def _intervals_from_json(block: Any, model: ModelIdentity, has_scores: bool, path: object) -> dict[str, Any] | None:
+    """Validate a profile's optional ``intervals`` block (bootstrap intervals of the query-head scores)."""
+    if block is None:
+        return None
+    if not isinstance(block, dict) or not has_scores:
+        raise FileFormatError(path, "intervals", "expected an object with low and high, beside head scores")
+    for key in ("low", "high"):
+        require_matrix(require(block, key, list, path, "intervals."), model.num_layers, model.num_query_heads,
+                       path, f"intervals.{key}")
+    level = block.get("level")
+    if not isinstance(level, (int, float)) or not 0 < level < 1:
+        raise FileFormatError(path, "intervals.level", f"expected a coverage between 0 and 1, found {level!r}")
+    resamples = block.get("resamples")
+    if not isinstance(resamples, int) or resamples < 1:
+        raise FileFormatError(path, "intervals.resamples", f"expected a positive integer, found {resamples!r}")
+    return block
 
 
 def reduce_groups(query_scores: list[list[float]], group_size: int, reduction: str = "mean") -> list[list[float]]:

@@ -25,14 +25,27 @@ def register(sub, formatter) -> None:
                "  headprobe profile                                  # embedded SmolLM2, CPU grid, all probes\n"
                "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
                "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
+               "  headprobe profile --grid full --mode reuse --until-stable   # approximate, stops when stable\n"
                "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl\n"
                "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)",
     )
     add_loading_arguments(p)
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
                    help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
-    p.add_argument("--mode", choices=["fast", "reference"], default="fast",
-                   help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step")
+    p.add_argument("--mode", choices=list(headprobe.MODES), default="fast",
+                   help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
+                        "reuse: approximate, one haystack forward per length, a share of it recomputed per trial")
+    p.add_argument("--recompute-share", type=float, default=100 * headprobe.DEFAULT_RECOMPUTE_SHARE, metavar="PCT",
+                   help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
+    p.add_argument("--until-stable", action="store_true",
+                   help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
+                        "when its top-k heads are stable across bootstrap resamples")
+    p.add_argument("--stable-k", type=int, default=20, metavar="K", help="--until-stable: size of the top head set")
+    p.add_argument("--stable-jaccard", type=float, default=0.9, metavar="J",
+                   help="--until-stable: least mean Jaccard index of the resampled top-k sets")
+    p.add_argument("--plot-stability", action="store_true",
+                   help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
+                        "top-k stability as trials were added")
     p.add_argument("--grid", choices=["auto", "cpu", "full"], default="auto",
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
@@ -67,6 +80,10 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
+def _pass_of(kind: str) -> str:
+    return "reasoning" if kind == "retrieval_reasoning" else "retrieval"
+
+
 def run(args) -> int:
     out_dir = Path(args.out_dir) if args.out_dir else headprobe.user_profiles_dir()
     if args.merge:
@@ -88,6 +105,8 @@ def _profile(args, ranks, out_dir: Path) -> int:
     if args.batch_size < 1:
         raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
     shard = grids.parse_shard(args.shard)
+    share = headprobe.parse_recompute_share(args.recompute_share)
+    until_stable = (headprobe.StopRule(k=args.stable_k, jaccard=args.stable_jaccard) if args.until_stable else None)
     ranks.check_shard(shard)
     needle_files = [Path(p) for p in args.needle_file]
     headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
@@ -105,7 +124,8 @@ def _profile(args, ranks, out_dir: Path) -> int:
         chat_template=not args.no_chat_template, batch_size=args.batch_size, gate=args.gate,
         group_reduction=args.group_reduction, tasks=args.tasks, samples_per_task=args.samples_per_task,
         retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens),
-        resume=args.resume, force=args.force, shard=shard, name=args.name,
+        resume=args.resume, force=args.force, shard=shard, name=args.name, recompute_share=share,
+        until_stable=until_stable,
     )
     # What would be replaced, and whether the outputs can be written, is settled before the model loads.
     headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
@@ -126,7 +146,11 @@ def _profile(args, ranks, out_dir: Path) -> int:
     lengths, depths = request.lengths, request.depths
     where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
     if ranks.is_main:
-        print(f"profiling {loaded.identity.name} on {where} ({args.mode} mode): {described}; "
+        mode = (f"reuse mode, recompute share {args.recompute_share:g}%" if args.mode == "reuse"
+                else f"{args.mode} mode")
+        if until_stable:
+            mode += f", until the top-{until_stable.k} heads are stable"
+        print(f"profiling {loaded.identity.name} on {where} ({mode}): {described}; "
               f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
               f"writing to {out_dir}", file=sys.stderr)
         if "reasoning" in headprobe.needle_kinds(probes):
@@ -144,11 +168,19 @@ def _profile(args, ranks, out_dir: Path) -> int:
           file=sys.stderr)
     for path in result.logs:
         print(f"trial log {path}")
+    for pass_name, outcome in result.stopping.items():
+        state = "stable" if outcome.stable else "not stable when the grid ran out"
+        print(f"{pass_name}: {state} after {outcome.trials} of {outcome.grid} trials", file=sys.stderr)
     for path in result.profiles:
         profile = headprobe.Profile.load(path)
         t = profile.trials
         gate = f" the {t['gate']} gate" if t.get("gate") else ""
         print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate})")
+        if args.plot_stability and profile.intervals:
+            log = next((lp for lp in result.logs if headprobe.read_log(lp)[0].get("pass") == _pass_of(profile.kind)),
+                       None)
+            fig = headprobe.stability_figure(profile, log=headprobe.read_log(log) if log else None)
+            print(f"wrote {headprobe.save_figure(fig, path.with_suffix('.stability.png'), force=args.force)}")
     if result.failures:
         raise headprobe.NoPassingTrialsError("; ".join(result.failures))
     return 0

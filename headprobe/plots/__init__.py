@@ -1,5 +1,5 @@
 """Plots of every stage: head heatmaps, side-by-side comparisons, layer-retention curves, budget maps,
-needle grids, accuracy against cache memory, ablation bars. PNG by default, SVG on request."""
+needle grids, accuracy against cache memory, ablation bars, head-ranking stability. PNG by default, SVG on request."""
 
 from .eval_figures import ablation_bars, accuracy_vs_memory, needle_grid
 from .profile_figures import (
@@ -11,6 +11,7 @@ from .profile_figures import (
            save_figure,
            spearman,
 )
+from .stability import jaccard_curve, stability_figure
 
 __all__ = [
            "FORMATS",
@@ -19,8 +20,10 @@ __all__ = [
            "budget_heatmap",
            "compare_heatmaps",
            "head_heatmap",
+           "jaccard_curve",
            "needle_grid",
            "retention_curves",
            "save_figure",
            "spearman",
+           "stability_figure",
 ]

@@ -13,10 +13,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
 from ..files.trial_log import read_log_records, settings_diff
 from ..models.identity import ModelIdentity
 from ..profile import LayerRetention, Profile, reduce_groups
+from .bootstrap import BootstrapSettings, interval_block, top_k_jaccard
+from .early_stop import StopRule
 from .trial_grid import TrialSpec, make_grid, shard_trials
 
 
@@ -59,9 +63,27 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
     trials = {"total": len(records), "passed": len(passed), "gate": gate, "passed_by_gate": by_gate,
               "per_needle": dict(sorted(per_needle.items())),
               "mean_seconds": round(math.fsum(r.get("seconds", 0.0) for r in records) / len(records), 3)}
+    per_trial = np.array([r["scores"][kind] for r in passed], dtype=np.float64)   # [passed, layers, heads]
+    if settings.get("until_stable"):
+        trials["stopping"] = stopping_block(settings, len(records), per_trial, StopRule.from_json(settings["until_stable"]))
     return Profile(kind=kind, model=identity, probe=probe, trials=trials, query_heads=mean,
                    kv_heads=reduce_groups(mean, identity.group_size, group_reduction),
-                   group_reduction=group_reduction)
+                   group_reduction=group_reduction, intervals=interval_block(per_trial, BootstrapSettings()))
+
+
+def grid_size(settings: dict[str, Any]) -> int:
+    """Trials in a needle pass's grid: lengths × depths × seeds × needles."""
+    return (len(settings.get("lengths", [])) * len(settings.get("depths", [])) * len(settings.get("seeds", [0]))
+            * len(settings.get("needle_set", {}).get("ids", [])))
+
+
+def stopping_block(settings: dict[str, Any], trials_run: int, per_trial: np.ndarray, rule: StopRule) -> dict[str, Any]:
+    """``trials.stopping`` of an early-stopped profile: the rule, how many grid trials ran, and the top-k
+    Jaccard index of this kind's passing trials (whether the rule holds for it)."""
+    jaccard = (top_k_jaccard(per_trial, rule.k, rule.bootstrap) if len(per_trial) >= rule.min_passed else None)
+    return {"rule": rule.to_json(), "trials_run": trials_run, "grid_trials": grid_size(settings),
+            "jaccard": None if jaccard is None else round(jaccard, 4),
+            "stable": jaccard is not None and jaccard >= rule.jaccard}
 
 
 def retention_profile(identity: ModelIdentity, settings: dict[str, Any], records: list[dict[str, Any]]) -> Profile:

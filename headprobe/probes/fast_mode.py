@@ -39,7 +39,7 @@ from .layer_scores import (
     score_names,
     weight_score_name,
 )
-from .prompt_cache import batch_cache, crop_cache, prefix_cache
+from .prompt_cache import HaystackCaches, batch_cache, crop_cache, prefix_cache
 from .trial_grid import TrialSpec
 from .trial_record import trial_gates, trial_record
 
@@ -81,7 +81,7 @@ def response_variants(tokenizer, needle: Needle, ctx: TrialContext) -> dict[str,
 def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,
                           specs: list[TrialSpec], config: NeedleProbeConfig,
                           on_trial: Callable[[dict[str, Any]], None],
-                          progress: Callable[[int], None] | None) -> None:
+                          progress: Callable[[int], None] | None, caches: HaystackCaches | None = None) -> None:
     """Run the trials of one length and seed: compute the haystack prefix once, then batch by depth.
 
     Each finished batch's records go to ``on_trial`` (with the batch's time per trial, the prefix's share
@@ -90,7 +90,8 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
     The prefix's KV comes from one forward over the whole needle-free prompt of this length, whichever
     trials are left to run: a forward over fewer tokens gives the same KV only up to float rounding, so a
     resumed or sharded run (shards, torchrun ranks) would otherwise score its trials a rounding step away
-    from a whole run's.
+    from a whole run's. With ``caches`` that KV is taken from (or put into) it, so later calls for the same
+    length skip the prefix forward.
     """
     tok = loaded.tokenizer
     max_context = loaded.identity.max_context
@@ -100,8 +101,12 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
                 for s in specs]
     shared = [min(common_prefix_length(base.input_ids, c.input_ids), c.needle_span[0], c.length - 1)
               for c in contexts]
-    base_cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
-    base_seconds = (time.perf_counter() - group_start) / len(specs)
+    if caches is None:
+        base_cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
+        base_seconds = (time.perf_counter() - group_start) / len(specs)
+    else:
+        _, base_cache, seconds = caches.get(loaded, haystack, length, config.chat_template)
+        base_seconds = seconds / len(specs)
     for members in depth_batches(specs, shared, config.batch_size):
         started = time.perf_counter()
         records = run_fast_batch(loaded, base_cache, [specs[i] for i in members], [contexts[i] for i in members],
@@ -377,9 +382,11 @@ def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, res
             result.likelihood[b] += float(logp[b, t, f[t + 1]])
 
 
-def batch_records(tokenizer, batch: FastBatch, results: dict[str, VariantResult]) -> list[dict[str, Any]]:
+def batch_records(tokenizer, batch: FastBatch, results: dict[str, VariantResult],
+                  mode: str = "fast") -> list[dict[str, Any]]:
     """Log records of a batch: each trial's response is the first variant greedy decoding reproduces
-    (the answer, else the restated sentence; the answer when neither is), its scores that variant's."""
+    (the answer, else the restated sentence; the answer when neither is), its scores that variant's.
+    ``mode`` is what the records name as their mode (reuse mode builds its batches the same way)."""
     records = []
     for i, (spec, ctx, needle) in enumerate(zip(batch.specs, batch.contexts, batch.needles)):
         chosen = "gold"
@@ -392,5 +399,5 @@ def batch_records(tokenizer, batch: FastBatch, results: dict[str, VariantResult]
             margin = results["gold"].likelihood[i] - results["distractor"].likelihood[i]
         gates, passed = trial_gates(needle, response, margin, exact)
         scores = {name: total[i] for name, total in results[chosen].totals.items()}
-        records.append(trial_record(spec, ctx, response, scores, gates, passed, 0.0, "fast"))
+        records.append(trial_record(spec, ctx, response, scores, gates, passed, 0.0, mode))
     return records

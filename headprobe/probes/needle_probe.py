@@ -6,7 +6,9 @@ teacher-forces the gold answer: trials of one length share the haystack prefix b
 KV is computed once and reused; the suffixes (needle, rest of the haystack, question, gold answer) of a
 batch of trials run in one forward; rows are computed only for the positions that predict answer
 tokens (:mod:`headprobe.probes.fast_mode`). A fast trial passes its gate only if greedy decoding would
-have produced the gold answer, so it would have counted in reference mode too.
+have produced the gold answer, so it would have counted in reference mode too. ``reuse`` approximates
+fast mode: one haystack forward per length, and per trial only the needle, the question and a share of
+the haystack after the needle recomputed (:mod:`headprobe.probes.reuse_mode`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,10 @@ from typing import Any
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
 from .fast_mode import run_fast_length_group
+from .modes import DEFAULT_RECOMPUTE_SHARE
+from .prompt_cache import HaystackCaches
 from .reference_mode import run_reference_trial
+from .reuse_mode import run_reuse_length_group
 from .trial_grid import TrialSpec
 
 
@@ -29,7 +34,7 @@ class NeedleProbeConfig:
     Attributes
     ----------
     mode
-        ``"fast"`` or ``"reference"``.
+        ``"fast"``, ``"reference"`` or ``"reuse"``.
     chat_template
         Apply the model's chat template.
     batch_size
@@ -45,6 +50,8 @@ class NeedleProbeConfig:
         Fast mode: run the prompt forward's attention as an unmasked pass over the cached prefix plus a
         causal pass over the rest, merged by log-sum-exp (:mod:`headprobe.attention.prefix_split`; CPU,
         global-attention layers). ``False`` runs one masked SDPA call; the results agree to float rounding.
+    recompute_share
+        Reuse mode: share of the haystack after the needle recomputed in every layer (``1`` = exact).
     """
 
     mode: str = "fast"
@@ -53,6 +60,7 @@ class NeedleProbeConfig:
     max_new_tokens: int = 24
     gate: str = "published"
     split_attention: bool = True
+    recompute_share: float = DEFAULT_RECOMPUTE_SHARE
 
 
 def run_needle_trials(
@@ -63,6 +71,7 @@ def run_needle_trials(
     config: NeedleProbeConfig,
     on_trial: Callable[[dict[str, Any]], None],
     progress: Callable[[int], None] | None = None,
+    caches: HaystackCaches | None = None,
 ) -> None:
     """Run ``trials`` and hand each finished trial's record to ``on_trial`` (which appends it to the log).
 
@@ -82,6 +91,9 @@ def run_needle_trials(
         Receives each trial's record as soon as it is finished.
     progress
         Receives the number of trials finished since its last call.
+    caches
+        Fast and reuse mode: haystack prompts and their KV kept between calls (a run that calls this
+        function several times, as early stopping does, computes each length's haystack forward once).
     """
     if config.mode == "reference":
         for spec in trials:
@@ -93,4 +105,9 @@ def run_needle_trials(
     for spec in trials:
         by_length.setdefault((spec.length, spec.seed), []).append(spec)
     for (length, seed), group in sorted(by_length.items()):
-        run_fast_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress)
+        if config.mode == "reuse":
+            run_reuse_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress,
+                                   caches)
+        else:
+            run_fast_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress,
+                                  caches)

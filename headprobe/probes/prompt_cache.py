@@ -1,8 +1,15 @@
-"""KV caches of probe prompts: a haystack prefix computed once, copied for a batch, cut back after a continuation."""
+"""KV caches of probe prompts: a haystack prefix computed once, copied for a batch, cut back after a
+continuation; haystack prompts and their KV kept across calls (:class:`HaystackCaches`)."""
 
 from __future__ import annotations
 
+import time
+from typing import Any
+
 import torch
+
+from ..haystack.context import build_context
+from ..haystack.corpus import Haystack
 
 
 @torch.no_grad()
@@ -48,3 +55,31 @@ def crop_cache(cache, length: int) -> None:
     extra = cache.get_seq_length() - length
     if extra > 0:
         cache.crop(-extra)
+
+
+class HaystackCaches:
+    """The haystack prompt and its KV per (length, seed), computed on first use and kept.
+
+    A run that visits lengths in turn (early stopping spreads trials over lengths) computes each haystack
+    forward once; ``keep`` bounds how many are held (the least recently used goes first).
+    """
+
+    def __init__(self, keep: int = 8) -> None:
+        self.keep = keep
+        self._entries: dict[tuple[int, str], tuple[list[int], Any, float]] = {}
+
+    def get(self, loaded, haystack: Haystack, length: int, chat_template: bool) -> tuple[list[int], Any, float]:
+        """``(base_ids, cache, seconds)``: ``seconds`` is the forward's time the first time, then 0."""
+        key = (length, haystack.fingerprint)
+        if key in self._entries:
+            ids, cache, _ = self._entries.pop(key)
+            self._entries[key] = (ids, cache, 0.0)
+            return ids, cache, 0.0
+        start = time.perf_counter()
+        base = build_context(loaded.tokenizer, haystack, None, length, 0.0, chat_template, loaded.identity.max_context)
+        cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
+        seconds = time.perf_counter() - start
+        while len(self._entries) >= self.keep:
+            self._entries.pop(next(iter(self._entries)))
+        self._entries[key] = (base.input_ids, cache, 0.0)
+        return base.input_ids, cache, seconds

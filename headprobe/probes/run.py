@@ -21,11 +21,16 @@ from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..paths import haystacks_dir
 from ..profile import Profile
-from .aggregate import check_trial_records, merge_logs, profiles_from_log
+from .aggregate import check_trial_records, gate_name, merge_logs, profiles_from_log
+from .early_stop import StopRule, check_stop_rule, run_until_stable
 from .gates import GateChoice, check_gate, choose_gate
+from .modes import DEFAULT_RECOMPUTE_SHARE, MODES, check_recompute_share
 from .needle_probe import NeedleProbeConfig, run_needle_trials
+from .prompt_cache import HaystackCaches
 from .retention import RetentionConfig, run_retention_sample
+from .selective_prefill import check_reuse_model
 from .trial_grid import TrialSpec, make_grid, shard_samples, shard_trials
+from .trial_order import spread_order
 
 PROBES = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 PASSES = {"retrieval": "retrieval", "enhanced_retrieval": "retrieval", "retrieval_reasoning": "reasoning",
@@ -65,6 +70,12 @@ class ProfileRequest:
     split_attention
         Fast mode: split the prompt forward's attention into a pass over the cached prefix and a causal
         pass over the suffix (see :class:`~headprobe.probes.needle_probe.NeedleProbeConfig`).
+    recompute_share
+        Reuse mode: share (0 to 1) of the haystack after the needle recomputed per trial
+        (:mod:`headprobe.probes.reuse_mode`).
+    until_stable
+        Run each needle pass in a spread order and stop once its top-k heads are stable across bootstrap
+        resamples (:mod:`headprobe.probes.early_stop`); ``None`` runs the whole grid.
     """
 
     probes: list[str]
@@ -85,6 +96,8 @@ class ProfileRequest:
     samples_per_task: int | None = None
     retention: RetentionConfig = field(default_factory=RetentionConfig)
     split_attention: bool = True
+    recompute_share: float = DEFAULT_RECOMPUTE_SHARE
+    until_stable: StopRule | None = None
     resume: bool = False
     force: bool = False
     shard: tuple[int, int] | None = None
@@ -93,13 +106,14 @@ class ProfileRequest:
 
 @dataclass
 class ProfileResult:
-    """What a run wrote."""
+    """What a run wrote (``stopping``: per needle pass, its early-stopping outcome when it had one)."""
 
     logs: list[Path]
     profiles: list[Path]
     trials_run: int
     trials_skipped: int
     failures: list[str] = field(default_factory=list)
+    stopping: dict[str, Any] = field(default_factory=dict)
 
 
 def _haystack_for_seed(base: Haystack, seed: int) -> Haystack:
@@ -218,6 +232,8 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
     are written (merge them with :func:`merge_profile_logs`).
     """
     outputs = check_profile_run(request, loaded.identity.name)
+    if request.mode == "reuse" and any(p != "layer_retention" for p in request.probes):
+        check_reuse_model(loaded.model)
     base_haystack = load_haystack(request.haystack)
     common = common_settings(loaded, request, version)
     plans = [_plan_pass(loaded, request, common, p, base_haystack) for p in outputs.logs]
@@ -244,8 +260,15 @@ def check_request(request: ProfileRequest) -> None:
     for probe in request.probes:
         if probe not in PROBES:
             raise HeadprobeError(f"{param('probes', probe)}: unknown probe; expected one of {', '.join(PROBES)}")
-    if request.mode not in ("fast", "reference"):
-        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference")
+    if request.mode not in MODES:
+        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference (exact) or reuse (approximate)")
+    if request.mode == "reuse":
+        check_recompute_share(request.recompute_share)
+    if request.until_stable is not None:
+        check_stop_rule(request.until_stable)
+        if request.shard is not None:
+            raise HeadprobeError(f"{param('until_stable')}: cannot stop early on a shard of the grid "
+                                 f"({param('shard', '/'.join(map(str, request.shard)))}); run the whole grid")
     needles = any(PASSES[p] != "layer_retention" for p in request.probes)
     if needles and not (request.lengths and request.depths and request.seeds):
         raise HeadprobeError(f"{param('lengths')}, {param('depths')} and {param('seeds')}: give at least one of each")
@@ -350,7 +373,17 @@ def needle_settings(common: dict[str, Any], request: ProfileRequest, pass_name: 
             "needle_set": needle_set_record(needle_paths, needles, portable_file_name),
             "haystack": {"name": haystack_name, "fingerprint": haystack.fingerprint},
             "gate": gate.gate if gate is not None else "published", **(gate.settings() if gate is not None else {}),
-            "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request)}
+            "max_new_tokens": request.max_new_tokens, "shard": _shard_setting(request), **_approximation(request)}
+
+
+def _approximation(request: ProfileRequest) -> dict[str, Any]:
+    """Settings that make a run other than the exact full grid (absent otherwise, so older logs resume)."""
+    out: dict[str, Any] = {}
+    if request.mode == "reuse":
+        out["recompute_share"] = request.recompute_share
+    if request.until_stable is not None:
+        out["until_stable"] = request.until_stable.to_json()
+    return out
 
 
 def _pass_probes(request: ProfileRequest, pass_name: str) -> list[str]:
@@ -425,13 +458,31 @@ def _needle_pass(loaded, request: ProfileRequest, plan: _PassPlan, log: TrialLog
     bar = progress(len(todo), f"{stem} {'+'.join(settings['probes'])} ({request.mode})") if progress else None
     config = NeedleProbeConfig(mode=request.mode, chat_template=request.chat_template,
                                batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
-                               gate=settings["gate"], split_attention=request.split_attention)
+                               gate=settings["gate"], split_attention=request.split_attention,
+                               recompute_share=request.recompute_share)
     haystacks = {s: _haystack_for_seed(plan.haystack, s) for s in request.seeds}
+    by_id = {n.id: n for n in needles}
     logged_before = len(log.done)
     try:
-        run_needle_trials(loaded, haystacks, {n.id: n for n in needles}, todo, config, log.append, bar)
+        if request.until_stable is None:
+            run_needle_trials(loaded, haystacks, by_id, todo, config, log.append, bar)
+        else:
+            caches = HaystackCaches(keep=len(request.lengths) * len(request.seeds))
+            rule = request.until_stable
+            gates = {kind: gate_name(kind, settings) for kind in _pass_kinds(plan.name, settings["probes"])}
+            outcome = run_until_stable(
+                spread_order(grid, rule.order_seed), log.done,
+                lambda chunk: run_needle_trials(loaded, haystacks, by_id, chunk, config, log.append, bar, caches),
+                gates, rule)
+            result.stopping[plan.name] = outcome
     finally:
         result.trials_run += len(log.done) - logged_before
+
+
+def _pass_kinds(pass_name: str, probes: list[str]) -> list[str]:
+    """The score kinds a needle pass's profiles hold (retrieval passes: only the requested ones)."""
+    kinds = ("retrieval", "enhanced_retrieval") if pass_name == "retrieval" else ("retrieval_reasoning",)
+    return [k for k in kinds if k in probes]
 
 
 def _write_profiles(log: TrialLog, outputs: ProfileOutputs, result: ProfileResult) -> None:
