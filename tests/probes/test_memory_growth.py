@@ -1,6 +1,6 @@
 """No profiling trial materialises anything that grows with the square of the prompt.
 
-Every tensor an operator returns during a fast-mode and a reference-mode trial of a tiny model is
+Every tensor an operator allocates during a fast-mode and a reference-mode trial of a tiny model is
 watched (a ``TorchDispatchMode`` sees each operator's outputs); the largest one must grow linearly with
 the prompt: doubling the length at most doubles it (plus slack), and it stays below one byte per
 (query, key) pair. Attention rows are kept only at the scored positions, so they are
@@ -20,7 +20,7 @@ import headprobe
 
 
 class LargestTensor(TorchDispatchMode):
-    """Records the largest tensor (in bytes) any operator returns while active."""
+    """Records the largest tensor (in bytes) any operator allocates while active (views of an input skipped)."""
 
     def __init__(self) -> None:
         super().__init__()
@@ -29,8 +29,10 @@ class LargestTensor(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
+        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
         for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.numel() * t.element_size() > self.bytes:
+            if (isinstance(t, torch.Tensor) and t.numel() * t.element_size() > self.bytes
+                    and t.untyped_storage().data_ptr() not in inputs):      # views allocate nothing
                 self.bytes = t.numel() * t.element_size()
                 self.where = f"{func} -> {tuple(t.shape)} {t.dtype}"
         return out
