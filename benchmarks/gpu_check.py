@@ -16,15 +16,18 @@ others still run):
     8 KV heads): largest difference, time, GB/s of K/V read and share of copy bandwidth, split-K used.
 ``profile_forward``
     Fast-mode profiling (``headprobe.run_profile``) of a random-weight model with Mistral-7B's attention
-    shapes (hidden 4096, 32 query heads, 8 KV heads, head_dim 128) at 32K: the CUDA prompt forward runs,
-    scores are finite; seconds per trial and peak memory.
+    shapes (hidden 4096, 32 query heads, 8 KV heads, head_dim 128) at 32K: the CUDA prompt forward runs
+    the prefix/suffix split (flash attention for bfloat16, memory-efficient attention for float32, both
+    returning the log-sum-exp), scores are finite; seconds per trial and peak memory. The split is checked
+    against one masked SDPA call at those shapes (largest difference, both dtypes) and timed against it.
 ``profile_modes``
     Fast vs reference profiling of that model at 8K on the same trials: time ratio, Spearman of the
     query-head scores, top-10 overlap.
 ``compressed_decode``
     ``headprobe.generate_compressed`` at a 32K prompt (``full`` and ``snapkv`` through the Triton kernels,
     ``snapkv`` through the PyTorch path) vs ``model.generate`` with SDPA over a full cache: prefill
-    seconds, decode ms per token, cache bytes, peak memory, tokens agreeing with SDPA.
+    seconds, decode ms per token, cache bytes, peak memory, tokens agreeing with SDPA, and host-device
+    synchronisations per decoded token (``torch.cuda.set_sync_debug_mode``; ``keepkv`` too).
 
 Writes ``OUT/gpu_check.json`` (format ``headprobe-gpu-check``, version 1) after every section, and
 ``OUT/gpu_check.md`` (one table a section). The model is random (no download): shapes and speed only,
@@ -366,8 +369,48 @@ def _finite_scores(records: list[dict]) -> bool:
     return all(math.isfinite(x) for r in records for rows in r["scores"].values() for row in rows for x in row)
 
 
+def _split_vs_masked(bench: Workbench, dtype) -> dict:
+    """The prefix/suffix split of a prompt forward against one masked SDPA call, at the model's shapes."""
+    import torch
+    import torch.nn.functional as F
+
+    from headprobe.attention.prefix_split import prefix_split_attention
+
+    s = bench.shapes
+    dev = torch.device(s.device)
+    g = torch.Generator(device=dev).manual_seed(3)
+    block = max(16, s.profile_length // 8)
+    prefix = s.profile_length - block
+    query = torch.randn(1, s.heads, block, s.head_dim, device=dev, dtype=dtype, generator=g)
+    key = torch.randn(1, s.kv_heads, prefix + block, s.head_dim, device=dev, dtype=dtype, generator=g)
+    value = torch.randn(1, s.kv_heads, prefix + block, s.head_dim, device=dev, dtype=dtype, generator=g)
+    scale = s.head_dim ** -0.5
+    group = s.heads // s.kv_heads
+    visible = torch.arange(prefix + block, device=dev)[None, :] <= prefix + torch.arange(block, device=dev)[:, None]
+
+    def split():
+        return prefix_split_attention(query, key, value, prefix, scale)
+
+    def masked():
+        return F.scaled_dot_product_attention(query, key.repeat_interleave(group, 1), value.repeat_interleave(group, 1),
+                                              attn_mask=visible, scale=scale).transpose(1, 2)
+
+    diff = float((split().float() - masked().float()).abs().max())
+    tol = 1e-4 if dtype == torch.float32 else 2e-2
+    reps = max(2, s.timing_reps // 10)
+    t_split, t_masked = timed(split, dev, reps), timed(masked, dev, reps)
+    return {"dtype": str(dtype).replace("torch.", ""), "prefix": prefix, "block": block, "max_abs_diff": _r(diff),
+            "tolerance": tol, "close": diff <= tol, "split_ms": _r(t_split * 1e3), "masked_ms": _r(t_masked * 1e3),
+            "speedup": _r(t_masked / t_split, 3)}
+
+
 def section_profile_forward(bench: Workbench) -> dict:
+    from unittest import mock
+
+    import torch
+
     import headprobe
+    from headprobe.attention import prefix_split, recorder
 
     s = bench.shapes
     loaded = bench.loaded()
@@ -377,17 +420,21 @@ def section_profile_forward(bench: Workbench) -> dict:
                                batch_size=len(s.profile_depths))
     _reset_peak(s.device)
     start = time.perf_counter()
-    result = headprobe.run_profile(loaded, request)
+    with mock.patch.object(recorder, "prefix_split_attention", wraps=prefix_split.prefix_split_attention) as spy:
+        result = headprobe.run_profile(loaded, request)
     _sync(s.device)
     seconds = time.perf_counter() - start
+    peak = _peak_mib(s.device)
     _, records = headprobe.read_log(result.logs[0])
     finite = _finite_scores(records)
-    ok = result.trials_run == len(s.profile_depths) and len(records) == result.trials_run and finite
+    exactness = [_split_vs_masked(bench, dtype) for dtype in dict.fromkeys([_dtype(s.dtype), torch.float32])]
+    ok = (result.trials_run == len(s.profile_depths) and len(records) == result.trials_run and finite
+          and spy.call_count > 0 and all(row["close"] for row in exactness))
     return {"ok": ok, "length": s.profile_length, "trials": result.trials_run,
             "passed_likelihood_gate": _passed(records), "scores_finite": finite,
             "prompt_tokens": max(r["prompt_tokens"] for r in records) if records else None,
-            "seconds_per_trial": _r(seconds / max(1, result.trials_run)), "peak_mib": _peak_mib(s.device),
-            "device": str(loaded.device)}
+            "seconds_per_trial": _r(seconds / max(1, result.trials_run)), "peak_mib": peak,
+            "split_attention_calls": spy.call_count, "device": str(loaded.device), "split_vs_masked": exactness}
 
 
 def section_profile_modes(bench: Workbench) -> dict:
@@ -486,6 +533,11 @@ def section_compressed_decode(bench: Workbench) -> dict:
                          "decode_ms_per_token": _r(max(total - prefill, 0.0) / max(1, n - 1) * 1e3),
                          "new_tokens": len(tokens[name]), "cache_bytes": int(cache_bytes),
                          "peak_mib": _peak_mib(dev)}
+    syncs = {name: _syncs_per_token(runs[name], warm, dev) for name in runs}
+    syncs["keepkv_triton"] = _syncs_per_token(compressed("keepkv", fast_backend), warm, dev)
+    for name, count in syncs.items():
+        if name in results:
+            results[name]["syncs_per_token"] = count
     ref = tokens["sdpa_full_cache"]
     for name in runs:
         same = 0
@@ -502,7 +554,30 @@ def section_compressed_decode(bench: Workbench) -> dict:
     for r in results.values():
         r["decode_speedup_vs_sdpa"] = _r(speed / r["decode_ms_per_token"], 3) if r["decode_ms_per_token"] else None
     return {"ok": ok, "prompt_tokens": s.decode_prompt, "new_tokens": n, "capacity": s.capacity,
-            "launch_failure": dispatch.launch_failure(), "runs": results}
+            "launch_failure": dispatch.launch_failure(), "keepkv_syncs_per_token": syncs["keepkv_triton"],
+            "layers": s.layers, "runs": results}
+
+
+def _syncs_per_token(run: Callable, ids, device) -> float | None:
+    """Host-device synchronisations per decoded token (CUDA's sync debug mode counts them; ``None`` on CPU):
+    ``(syncs(10 new) - syncs(2 new)) / 8``, so the prefill's own cancel out."""
+    import warnings
+
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return None
+    counts = []
+    for new in (2, 10):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                run(new, ids)
+            finally:
+                torch.cuda.set_sync_debug_mode(0)
+        counts.append(sum("synchroniz" in str(w.message) for w in caught))
+    return _r((counts[1] - counts[0]) / 8, 3)
 
 
 SECTION_FUNCS = {"copy_bandwidth": section_copy_bandwidth, "compaction": section_compaction,

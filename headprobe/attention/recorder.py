@@ -6,12 +6,19 @@
 softmax rows over all keys, which it hands to a callback layer by layer. Nothing is patched at import
 time: the implementation is registered and switched on inside the ``with`` block and switched back after
 (:class:`~headprobe.attention.registry.AttentionSwitch`).
+
+Its mask builder is SDPA's, except for a forward whose request promises ``prefix_visible``: there the
+global-attention layers run :func:`~headprobe.attention.prefix_split.prefix_split_attention`, which needs
+no mask, so none is built (a ``[batch, 1, block, prefix + block]`` mask is the one tensor of such a
+forward that grows with the square of the prompt). A layer that cannot split after all (soft-capped
+logits, attention sinks) builds the mask itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -67,12 +74,15 @@ def _rows_attention(module, query, key, value, attention_mask, scaling=None, dro
 
     recorder = RowRecorder.active()
     request = recorder.request if recorder is not None else None
-    if (request is not None and request.prefix_visible and query.shape[2] > 1
-            and key.shape[2] == request.block_start + query.shape[2] and not kwargs.get("s_aux")
+    split = (request is not None and request.prefix_visible and query.shape[2] > 1
+             and key.shape[2] == request.block_start + query.shape[2])
+    if (split and not kwargs.get("s_aux")
             and prefix_split_supported(query, kwargs.get("sliding_window"), kwargs.get("softcap"), dropout)):
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
         out = (prefix_split_attention(query, key, value, request.block_start, scale), None)
     else:
+        if split and attention_mask is None:         # the mask builder left it out for the split
+            attention_mask = recorder._block_mask(query.shape[0], query.shape[2], key.shape[2], query.device)
         out = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout,
                                      **kwargs)
     if request is not None:
@@ -80,7 +90,21 @@ def _rows_attention(module, query, key, value, attention_mask, scaling=None, dro
     return out
 
 
-class RowRecorder(AttentionSwitch, implementation=IMPLEMENTATION):
+def _rows_mask(*args, **kwargs):
+    """SDPA's mask builder, except that it builds nothing for the global-attention mask of a forward whose
+    request promises ``prefix_visible`` (those layers split their attention and need no mask)."""
+    from transformers.masking_utils import sdpa_mask
+
+    recorder = RowRecorder.active()
+    request = recorder.request if recorder is not None else None
+    if (request is not None and request.prefix_visible and kwargs.get("local_size") is None
+            and not kwargs.get("use_vmap") and kwargs.get("q_length", 0) > 1
+            and kwargs.get("q_offset") == request.block_start):
+        return None
+    return sdpa_mask(*args, **kwargs)
+
+
+class RowRecorder(AttentionSwitch, implementation=IMPLEMENTATION, sdpa_masks=False):
     """Context manager that switches a model to the row-recording attention.
 
     Examples
@@ -94,7 +118,39 @@ class RowRecorder(AttentionSwitch, implementation=IMPLEMENTATION):
 
     def __init__(self, model) -> None:
         super().__init__(model)
-        self.request: RowRequest | None = None
+        self._request: RowRequest | None = None
+        self._mask: tuple[tuple, torch.Tensor] | None = None
+
+    @property
+    def request(self) -> RowRequest | None:
+        """What the next forward records (set before each forward)."""
+        return self._request
+
+    @request.setter
+    def request(self, request: RowRequest | None) -> None:
+        self._request = request
+        self._mask = None
+
+    def __enter__(self) -> Any:
+        from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+        if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION) is not _rows_mask:
+            AttentionMaskInterface.register(IMPLEMENTATION, _rows_mask)
+        return super().__enter__()
+
+    def _block_mask(self, batch: int, q_len: int, k_len: int, device: torch.device) -> torch.Tensor:
+        """``[batch, 1, q_len, k_len]`` bool mask of a ``prefix_visible`` forward: the keys up to each query's
+        position that ``key_mask`` keeps (built once per forward, for layers that cannot split)."""
+        request = self.request
+        shape = (batch, q_len, k_len, str(device))
+        if self._mask is None or self._mask[0] != shape:
+            query_pos = request.block_start + torch.arange(q_len, device=device)
+            visible = torch.arange(k_len, device=device)[None, :] <= query_pos[:, None]
+            visible = visible[None, None].expand(batch, 1, q_len, k_len)
+            if request.key_mask is not None:
+                visible = visible & request.key_mask[:, None, None, :k_len].to(device=device, dtype=torch.bool)
+            self._mask = (shape, visible)
+        return self._mask[1]
 
     def _capture(self, module, query, key, scaling, sliding_window, softcap) -> None:
         request = self.request

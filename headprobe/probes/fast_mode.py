@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..attention import RowRecorder, RowRequest
+from ..attention.recorder import RowCallback
 from ..haystack.context import TrialContext, build_context, common_prefix_length, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
@@ -33,7 +34,7 @@ from .head_scores import copy_scores, reasoning_scores
 from .layer_scores import (
     AnswerSpans,
     LayerRows,
-    collect_rows,
+    LayerScores,
     copy_scores_by_layer,
     reasoning_scores_by_layer,
     score_names,
@@ -243,7 +244,8 @@ class PromptStep:
     Attributes
     ----------
     rows
-        Per layer, rows ``[batch, query_heads, 1, keys]`` at each prompt's last position.
+        Per layer, rows ``[batch, query_heads, 1, keys]`` at each prompt's last position (on the model's
+        device).
     logp
         ``[batch, vocab]`` float32 log-probabilities of the first response token.
     weight_scores
@@ -263,7 +265,7 @@ def prompt_step(model, recorder: RowRecorder, batch: FastBatch, cache, split_att
     first = (batch.prompt_len - 1)[:, None]                                   # [batch, 1] last prompt positions
     rows: LayerRows = {}
     keep_local = sorted({int(p) - prefix for p in first.flatten().tolist()})
-    recorder.request = RowRequest(first.to(device), prefix, collect_rows(rows),
+    recorder.request = RowRequest(first.to(device), prefix, _rows_on_device(rows),
                                   key_mask=batch.attention.bool().to(device), prefix_visible=split_attention)
     out = model(input_ids=batch.suffix_ids.to(device), attention_mask=batch.attention.to(device),
                 past_key_values=cache, use_cache=True,
@@ -274,8 +276,26 @@ def prompt_step(model, recorder: RowRecorder, batch: FastBatch, cache, split_att
     logp = torch.stack([logp[b, index_of[int(first[b, 0]) - prefix]] for b in range(size)]).cpu()
     del out
     weight = torch.zeros(size, layers, heads, dtype=torch.float64)
-    reasoning_scores_by_layer(rows, batch.spans, torch.ones(size, 1, dtype=torch.bool)).write_to(weight)
+    spans = _spans_on(batch.spans, device)
+    _to_host(reasoning_scores_by_layer(rows, spans, torch.ones(size, 1, dtype=torch.bool))).write_to(weight)
     return PromptStep(rows, logp, weight)
+
+
+# Rows are scored where the model ran; only the per-head scores ([batch, layers, heads]) reach the host.
+
+def _rows_on_device(store: LayerRows) -> RowCallback:
+    """A row-recorder callback that keeps each layer's rows and key positions where they were computed."""
+    def keep(layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
+        store[layer] = (rows, key_positions)
+    return keep
+
+
+def _spans_on(spans: AnswerSpans, device: torch.device) -> AnswerSpans:
+    return AnswerSpans(spans.start.to(device), spans.end.to(device), spans.prompt_tokens.to(device))
+
+
+def _to_host(scores: LayerScores) -> LayerScores:
+    return LayerScores(scores.layers, scores.values.cpu())
 
 
 @dataclass
@@ -324,7 +344,10 @@ def _variant_step0(batch: FastBatch, step0: PromptStep, forced: list[list[int]],
     totals[weight_score_name(batch.kind)] += step0.weight_scores * has[:, None, None]
     if "retrieval" in totals:
         tokens0 = torch.tensor([[f[0] if f else _NO_TOKEN] for f in forced])
-        copy_scores_by_layer(step0.rows, batch.spans, tokens0, has[:, None]).add_to(totals["retrieval"])
+        device = next(iter(step0.rows.values()))[0].device if step0.rows else torch.device("cpu")
+        scores = copy_scores_by_layer(step0.rows, _spans_on(batch.spans, device), tokens0.to(device),
+                                      has[:, None].to(device))
+        _to_host(scores).add_to(totals["retrieval"])
     greedy = [[int(step0.logp[b].argmax())] if f else [] for b, f in enumerate(forced)]
     likelihood = [float(step0.logp[b, f[0]]) if f else 0.0 for b, f in enumerate(forced)]
     return VariantResult(forced, greedy, likelihood, totals)
@@ -341,13 +364,13 @@ class _ContinuationScorer:
     step_mask: torch.Tensor
 
     def __call__(self, layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
-        rows, key_positions = rows.cpu(), key_positions.cpu()
-        spans = self.spans
+        spans = self.spans          # on the rows' device, like the step tensors
         if "retrieval" in self.totals:
             self.totals["retrieval"][:, layer] += copy_scores(rows, key_positions, spans.start, spans.end,
-                                                              self.step_tokens, self.step_mask, spans.prompt_tokens)
+                                                              self.step_tokens, self.step_mask,
+                                                              spans.prompt_tokens).cpu()
         self.totals[self.weight_name][:, layer] += reasoning_scores(rows, key_positions, spans.start, spans.end,
-                                                                    self.step_mask)
+                                                                    self.step_mask).cpu()
 
 
 def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, result: VariantResult, steps: int,
@@ -367,7 +390,8 @@ def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, res
     positions = batch.prompt_len[:, None] + torch.arange(steps)[None]        # absolute
     key_positions = torch.cat([torch.arange(total)[None].expand(size, -1), positions], dim=1)
     full_mask = torch.cat([batch.attention, mask], dim=1)
-    scorer = _ContinuationScorer(result.totals, weight_score_name(batch.kind), batch.spans, step_tokens, mask.bool())
+    scorer = _ContinuationScorer(result.totals, weight_score_name(batch.kind), _spans_on(batch.spans, device),
+                                 step_tokens.to(device), mask.bool().to(device))
     recorder.request = RowRequest(positions.to(device), total, scorer, key_mask=full_mask.bool().to(device),
                                   query_index=torch.arange(steps)[None].expand(size, -1).to(device),
                                   key_positions=key_positions.to(device))

@@ -153,8 +153,12 @@ def compact(store: SegmentStore, keys: torch.Tensor, values: torch.Tensor, posit
 
 
 def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: torch.Tensor, scaling: float,
-                     sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+                     sliding_window: int | None = None, softcap: float | None = None,
+                     max_len: int | None = None) -> torch.Tensor:
     """Attention of ``query`` ``[batch, q_heads, n, head_dim]`` over the ragged store of its layer.
+
+    ``max_len`` is the longest segment when the caller knows it on the host (the decode kernel sizes its
+    launch from it; without it the kernel reads ``lengths`` from the device, one sync).
 
     Returns ``[batch, q_heads, n, head_dim]``.
     """
@@ -171,6 +175,6 @@ def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: 
         from .ragged_decode import ragged_decode_triton
         return ragged_decode_triton(query, store.keys, store.values, store.positions, store.offsets,
                                     store.lengths, store.kv_heads, query_positions, scaling, sliding_window,
-                                    store.log_votes)
+                                    store.log_votes, max_len=max_len)
 
     return _first_launch("ragged decode", with_triton, with_torch)

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from typing import Any, ClassVar
 
+import numpy as np
 import torch
 
 from ...errors import HeadprobeError
@@ -38,11 +39,15 @@ class LayerMemory:
         The layer's :class:`~headprobe.runtime.store.LayerStore`, ``None`` until its prefill.
     state
         The policy's per-layer state (an instance of :attr:`Policy.layer_state`), ``None`` without one.
+    host_budgets
+        ``[batch * kv_heads]`` the layer's budgets as a host array, read from the device once (at prefill)
+        so that decoding decides on the host (:meth:`LayerContext.budgets_on_host`).
     """
 
     layer_idx: int
     store: LayerStore | None = None
     state: Any = None
+    host_budgets: np.ndarray | None = None
 
 
 @dataclass
@@ -124,6 +129,18 @@ class LayerContext:
         """``[batch]`` real (unpadded) tokens in this call."""
         return self.valid.long().sum(1)
 
+    def budgets_on_host(self) -> np.ndarray:
+        """``[batch * kv_heads]`` :attr:`budgets` as a host int64 array, one per segment.
+
+        Read from the device at the layer's prefill (:meth:`Policy.build_store`) or, failing that, at its
+        first decoding step, and kept in the layer's memory: decoding never reads the budgets again.
+        """
+        host = self.memory.host_budgets
+        if host is None or host.shape[0] != self.budgets.numel():
+            host = self.budgets.detach().reshape(-1).to("cpu", torch.int64).numpy().copy()
+            self.memory.host_budgets = host
+        return host
+
 
 # ---- selection helpers ---------------------------------------------------------------------------------
 
@@ -197,13 +214,13 @@ def evict_oldest(ctx: LayerContext, protect_first: int) -> None:
     """Drop the oldest pair (after the first ``protect_first`` positions) of every full segment, so that the
     new token fits; the other segments append. Needs a single new token per step."""
     store = ctx.store
-    full = store.lengths >= store.capacity
-    if not bool(full.any()):
+    full, host_full = store.at_limit()
+    if not host_full.any():
         return
     view = store.padded()
     pos = view["positions"].masked_fill(~view["valid"], 1 << 60)
     pos = pos.masked_fill(pos < protect_first, 1 << 60)
-    store.remove(pos.argmin(1), full)
+    store.remove(pos.argmin(1), full, host_full)
 
 
 def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
@@ -320,21 +337,30 @@ class Policy:
                            ctx.keys.device, votes=self.uses_votes)
         store.write_selection(ctx.keys, ctx.values, ctx.positions, selection, log_votes)
         ctx.store = store
+        ctx.budgets_on_host()
         return store
 
     def decode(self, ctx: LayerContext) -> torch.Tensor:
-        """Attention output of the new tokens over the ragged cache; appends them first."""
+        """Attention output of the new tokens over the ragged cache; appends them first.
+
+        Decoding reads nothing from the device: the hooks decide on the store's host mirror
+        (:meth:`~headprobe.runtime.store.LayerStore.at_limit`, ``host_lengths``) and
+        :meth:`LayerContext.budgets_on_host`, and write densely. The new tokens follow the prompt, so none
+        of them is padding (``ctx.valid`` is all True) and they are appended without a mask.
+        """
         self.before_append(ctx)
-        ctx.store.append(ctx.keys, ctx.values, ctx.positions, ctx.valid)
-        out = ragged_attention(ctx.query, ctx.store, ctx.positions, ctx.scaling, ctx.sliding_window, ctx.softcap)
+        ctx.store.append(ctx.keys, ctx.values, ctx.positions)
+        out = ragged_attention(ctx.query, ctx.store, ctx.positions, ctx.scaling, ctx.sliding_window, ctx.softcap,
+                               max_len=ctx.store.max_length())
         self.after_attend(ctx)
         return out
 
     def before_append(self, ctx: LayerContext) -> None:
-        """Evict before the new tokens are written (policies with a constant-size cache)."""
+        """Evict before the new tokens are written (policies with a constant-size cache). Decide on the host
+        (no ``bool(tensor)``, ``.item()`` or boolean-mask indexing of device tensors)."""
 
     def after_attend(self, ctx: LayerContext) -> None:
-        """Update per-pair statistics after the new tokens attended."""
+        """Update per-pair statistics after the new tokens attended (same rule as :meth:`before_append`)."""
 
 
 @dataclass

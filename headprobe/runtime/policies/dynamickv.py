@@ -145,4 +145,6 @@ class DynamicKV(ScorerPolicy):
             shares = split_with_caps(total, weights, caps)
             for i, entry in enumerate(layers):
                 seg = slice(row * h, (row + 1) * h)
-                entry.store.lengths[seg] = entry.window[row] + torch.from_numpy(shares[i]).to(entry.store.lengths.device)
+                lengths = entry.store.lengths.clone()
+                lengths[seg] = entry.window[row] + torch.from_numpy(shares[i]).to(lengths.device)
+                entry.store.set_lengths(lengths)

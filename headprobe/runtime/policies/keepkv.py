@@ -125,8 +125,10 @@ class KeepKV(ScorerPolicy):
 
     def before_append(self, ctx: LayerContext) -> None:
         store = ctx.store
-        full = store.lengths >= ctx.budgets.reshape(-1).to(store.lengths.device)
-        if not bool(full.any()):
+        full, host_full = store.at_limit(ctx.budgets.reshape(-1).to(store.lengths.device), ctx.budgets_on_host())
+        full = full & (store.lengths > 0)
+        host_full = host_full & (store.host_lengths > 0)
+        if not host_full.any():
             return
         view = store.padded()
         index, valid = view["index"], view["valid"]
@@ -138,37 +140,36 @@ class KeepKV(ScorerPolicy):
         victim = (lnp + logits).masked_fill(protected, float("inf")).argmin(1)          # [S]
         keys = view["keys"]
         s, length, _ = keys.shape
-        others = valid.clone()
-        others[torch.arange(s), victim] = False
-        sim, which = most_similar(keys[torch.arange(s), victim][:, None, :], keys, others)
+        seg = torch.arange(s, device=keys.device)
+        slots = torch.arange(length, device=keys.device)
+        is_victim = slots[None, :] == victim[:, None]                                   # [S, L]
+        sim, which = most_similar(keys[seg, victim][:, None, :], keys, valid & ~is_victim)
         join = full & (sim[:, 0] >= self.threshold)
-        target = torch.arange(length, device=keys.device)[None, :].repeat(s, 1)
-        target[torch.arange(s), victim] = torch.where(join, which[:, 0], victim)
-        part = valid & ~(torch.nn.functional.one_hot(victim, length).bool() & ~join[:, None])
+        target = torch.where(is_victim & join[:, None], which, slots[None, :])
+        part = valid & ~(is_victim & ~join[:, None])
         new_k, new_v, new_lnp, new_l = merge_groups(keys, view["values"], lnp, logits, target, part, self.key_merge)
-        rows = index[torch.arange(s), which[:, 0]][join]
-        sel = (torch.arange(s, device=keys.device)[join], which[:, 0][join])
-        store.keys[rows] = new_k[sel]
-        store.values[rows] = new_v[sel]
-        store.log_votes[rows] = new_lnp[sel]
+        # The merged pair of each joining segment; the others write the spare row.
+        best = which[:, 0]
+        rows = torch.where(join, index[seg, best], store.spare)
+        store.keys[rows] = new_k[seg, best]
+        store.values[rows] = new_v[seg, best]
+        store.log_votes[rows] = new_lnp[seg, best]
         if self.score_estimator == "ema":
-            store.aux["logit"][rows] = new_l[sel]
-        store.remove(victim, full)
+            store.aux["logit"][rows] = new_l[seg, best]
+        store.remove(victim, full, host_full)
 
     def after_attend(self, ctx: LayerContext) -> None:
         store = ctx.store
         view = store.padded()
-        index, valid = view["index"], view["valid"]
+        rows = view["index"]             # [S, L]; the spare row where there is no pair
         hq, d = ctx.query.shape[1], ctx.query.shape[3]
         s = store.segments
         g = hq // store.kv_heads
         q = ctx.query[:, :, -1].float().reshape(s, g, d)
-        logits = torch.bmm(q, view["keys"].float().transpose(1, 2)).mean(1) * ctx.scaling   # [S, L]
-        rows = index[valid]
-        new = logits[valid]
+        new = torch.bmm(q, view["keys"].float().transpose(1, 2)).mean(1) * ctx.scaling   # [S, L]
         if self.score_estimator == "ema":
-            fresh = store.aux["logit"][rows] == 0
             old = store.aux["logit"][rows]
+            fresh = old == 0
             store.aux["logit"][rows] = torch.where(fresh, new, self.ema_decay * old + (1 - self.ema_decay) * new)
         else:
             state: KeepKVState = ctx.state

@@ -94,8 +94,8 @@ class KeyDiff(Policy):
     def before_append(self, ctx: LayerContext) -> None:
         store = ctx.store
         budget = ctx.budgets.reshape(-1).to(store.lengths.device)
-        full = store.lengths >= budget
-        if bool(full.any()):
+        full, host_full = store.at_limit(budget, ctx.budgets_on_host())
+        if host_full.any():
             view = store.padded()
             scores = keydiff_scores(view["keys"], view["valid"], self.anchor)
             if self.recent_share > 0:
@@ -103,4 +103,4 @@ class KeyDiff(Policy):
                 pos = view["positions"].masked_fill(~view["valid"], -1)
                 rank = pos.argsort(1, descending=True).argsort(1)
                 scores = scores.masked_fill((rank < recent[:, None] - 1) & view["valid"], float("inf"))
-            store.remove(scores.argmin(1), full)
+            store.remove(scores.argmin(1), full, host_full)

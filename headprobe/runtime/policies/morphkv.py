@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
 
 from ...attention.rows import attention_rows
@@ -100,11 +101,13 @@ class MorphKV(ScorerPolicy):
         state.step += 1
         store, budget = ctx.store, ctx.budgets.reshape(-1).to(ctx.store.lengths.device)
         n_new = ctx.tokens
-        if state.step % self.evict_every and bool((store.lengths + n_new <= store.capacity).all()):
+        if state.step % self.evict_every and bool((store.host_lengths + n_new <= store.host_capacity).all()):
             return
-        target = (budget - n_new).clamp(min=0)          # after eviction; the new tokens fill up to budget
-        if not bool((store.lengths > target).any()):
+        # After eviction; the new tokens fill up to the budget. Decided on the host.
+        host_target = np.clip(ctx.budgets_on_host() - n_new, 0, None)
+        if not (store.host_lengths > host_target).any():
             return
+        target = (budget - n_new).clamp(min=0)
         view = store.padded()
         pos = view["positions"].masked_fill(~view["valid"], -1)
         rank = pos.argsort(1, descending=True).argsort(1)
@@ -118,6 +121,6 @@ class MorphKV(ScorerPolicy):
         g = state.queries.shape[1] * ctx.batch // s
         scores = _reduce(probs.reshape(ctx.batch, s // ctx.batch, g, rows, width), self.fuse, self.group_reduce)
         scores = scores.reshape(s, width).masked_fill(recent, float("inf")).masked_fill(~view["valid"], float("-inf"))
-        count = torch.minimum(store.lengths, target)
-        keep = scores.topk(max(int(count.max()), 1), dim=1).indices
-        store.keep_in_place(keep, count)
+        host_count = np.minimum(store.host_lengths, host_target)
+        keep = scores.topk(max(int(host_count.max()), 1), dim=1).indices
+        store.keep_in_place(keep, torch.minimum(store.lengths, target), host_count)
