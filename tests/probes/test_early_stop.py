@@ -119,7 +119,7 @@ def test_until_stable_stops_and_resumes_from_the_log(smollm2, one_thread, tmp_pa
     cut = tmp_path / "cut"
     cut.mkdir()
     (cut / log_path.name).write_text("\n".join(lines[:7]) + "\n" + lines[7][:50])
-    with pytest.raises(HeadprobeError, match="--resume"):
+    with pytest.raises(HeadprobeError, match="pass resume=True"):
         run_profile(smollm2, _request(cut))
     other_rule = _request(cut, resume=True)
     other_rule.until_stable = StopRule(k=6, jaccard=0.6, check_every=4, min_passed=4)

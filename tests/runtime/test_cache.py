@@ -139,16 +139,22 @@ def test_distribute_sums_exactly_and_clamps():
 
 
 def test_errors_are_one_line(tiny_llama, tiny_gemma3):
-    with pytest.raises(HeadprobeError, match="smaller than the snapkv window"):
-        generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=4, max_new_tokens=1)
-    with pytest.raises(HeadprobeError, match="does not apply"):
-        generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=16, policy_options={"block_size": 4})
     other = tiny_gemma3.identity
     bm = BudgetMap(model=other, method={"allocator": "test"}, shares=[[0.25]] * 4, budgets=[[16]] * 4)
-    with pytest.raises(HeadprobeError, match="budget file was made for tiny-gemma3"):
-        generate_compressed(tiny_llama, PROMPTS, policy="snapkv", budget=bm, max_new_tokens=1)
-    with pytest.raises(HeadprobeError, match="unknown policy"):
-        make_policy("h2o")
+    cases = [
+        ("smaller than the snapkv window",
+         lambda: generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=4, max_new_tokens=1)),
+        ("does not apply", lambda: generate_compressed(tiny_llama, PROMPTS, policy="snapkv", capacity=16,
+                                                       policy_options={"block_size": 4})),
+        ("budget file was made for tiny-gemma3",
+         lambda: generate_compressed(tiny_llama, PROMPTS, policy="snapkv", budget=bm, max_new_tokens=1)),
+        ("unknown policy", lambda: make_policy("h2o")),
+    ]
+    for expected, call in cases:
+        with pytest.raises(HeadprobeError, match=expected) as caught:
+            call()
+        message = str(caught.value)
+        assert "\n" not in message and message.strip() == message and len(message) < 400, message
 
 
 def test_prompt_shorter_than_window_keeps_everything(tiny_llama):
