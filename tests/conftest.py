@@ -8,8 +8,13 @@ import sys
 import pytest
 import torch
 
-from headprobe.models.identity import identity_from_config
+from headprobe.models.identity import ModelIdentity, identity_from_config
 from headprobe.models.loading import LoadedModel
+
+#: SmolLM2-135M-Instruct's shape, for tests of files made for it that need not load the model.
+SMOLLM2_IDENTITY = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
+                                 num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
+                                 layer_types=("full_attention",) * 30)
 
 _TINY_TEXT = (
     "The river ran past the old mill. Fishermen waited on the bank while the rain came down. "
@@ -77,6 +82,20 @@ def user_data_dir(tmp_path_factory, monkeypatch):
     path = tmp_path_factory.mktemp("headprobe-data")
     monkeypatch.setenv("HEADPROBE_DATA", str(path))
     return path
+
+
+def save_tiny_llama(folder) -> object:
+    """Save :func:`make_tiny_llama`'s model and tokenizer to ``folder`` (a model folder ``--model`` takes)."""
+    lm = make_tiny_llama()
+    lm.model.save_pretrained(folder)
+    lm.tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """A model folder named ``tiny`` holding the tiny Llama, shared by the tests that load it by path."""
+    return save_tiny_llama(tmp_path_factory.mktemp("models") / "tiny")
 
 
 @pytest.fixture

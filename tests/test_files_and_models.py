@@ -60,17 +60,6 @@ def test_remote_code_refused_without_flag(tmp_path):
         headprobe.load_model(str(tmp_path), device="cpu")
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    import conftest
-
-    d = tmp_path_factory.mktemp("tiny")
-    lm = conftest.make_tiny_llama()
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return d
-
-
 def test_loading_onto_the_device_keeps_the_weights(tiny_dir):
     from transformers import AutoModelForCausalLM
 

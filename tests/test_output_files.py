@@ -315,9 +315,7 @@ def test_loading_draws_no_transformers_bar(tmp_path, capfd):
     import conftest
     from transformers.utils import logging as hf_logging
 
-    lm = conftest.make_tiny_llama()
-    lm.model.save_pretrained(tmp_path / "tiny")
-    lm.tokenizer.save_pretrained(tmp_path / "tiny")
+    conftest.save_tiny_llama(tmp_path / "tiny")
     capfd.readouterr()
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
+from conftest import SMOLLM2_IDENTITY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -26,9 +28,7 @@ from headprobe.errors import HeadprobeError, ModelMismatchError, flag_spelling
 from headprobe.models.identity import ModelIdentity
 from headprobe.profile import LayerRetention, Profile, reduce_groups
 
-SMOL = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
-                     num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
-                     layer_types=("full_attention",) * 30, max_context=8192)
+SMOL = dataclasses.replace(SMOLLM2_IDENTITY, max_context=8192)
 
 
 def head_profile(seed: int = 0, model: ModelIdentity = SMOL, kind: str = "retrieval_reasoning",

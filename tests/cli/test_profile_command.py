@@ -47,10 +47,7 @@ def test_inspect_rejects_other_json(tmp_path, capsys):
 def tiny_model_dir(tmp_path):
     import conftest
 
-    lm = conftest.make_tiny_llama()
-    lm.model.save_pretrained(tmp_path / "tiny")
-    lm.tokenizer.save_pretrained(tmp_path / "tiny")
-    return tmp_path / "tiny"
+    return conftest.save_tiny_llama(tmp_path / "tiny")
 
 
 def _log_lines(path: Path) -> list[dict]:

@@ -6,6 +6,7 @@ import json
 
 import numpy as np
 import pytest
+from conftest import SMOLLM2_IDENTITY
 
 from headprobe.allocation import allocate
 from headprobe.errors import FileFormatError, HeadprobeError
@@ -20,12 +21,9 @@ from headprobe.interop import (
     write_headkv_json,
     write_layer_list,
 )
-from headprobe.models.identity import ModelIdentity
 from headprobe.profile import Profile, reduce_groups
 
-SMOL = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
-                     num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
-                     layer_types=("full_attention",) * 30)
+SMOL = SMOLLM2_IDENTITY
 
 
 def smol_profile(seed=0) -> Profile:

@@ -27,17 +27,6 @@ def test_bad_max_memory_is_one_line(items, expected):
     assert expected in str(err.value) and "\n" not in str(err.value)
 
 
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    import conftest
-
-    lm = conftest.make_tiny_llama(layers=4)
-    path = tmp_path_factory.mktemp("tiny")
-    lm.model.save_pretrained(path)
-    lm.tokenizer.save_pretrained(path)
-    return path
-
-
 def test_spreading_needs_device_auto(tiny_dir, tmp_path, capsys):
     with pytest.raises(HeadprobeError, match=r"^max_memory spreads the model over devices; it needs "
                                              r"device='auto', not device='cpu'$"):

@@ -12,10 +12,10 @@ from pathlib import Path
 import matplotlib.image as mpimg
 import numpy as np
 import pytest
+from conftest import SMOLLM2_IDENTITY
 
 from headprobe.allocation import allocate
 from headprobe.errors import HeadprobeError
-from headprobe.models.identity import ModelIdentity
 from headprobe.plots import (
     budget_heatmap,
     compare_heatmaps,
@@ -26,9 +26,7 @@ from headprobe.plots import (
 )
 from headprobe.profile import LayerRetention, Profile, reduce_groups
 
-SMOL = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
-                     num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,
-                     layer_types=("full_attention",) * 30)
+SMOL = SMOLLM2_IDENTITY
 REPO = Path(__file__).resolve().parents[2]
 REF = REPO.parent / "shared" / "reference"
 SHIPPED = sorted((REPO / "profiles").glob("*.json"))

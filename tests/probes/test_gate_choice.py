@@ -46,12 +46,10 @@ def test_unknown_gate_is_refused():
 
 
 def test_profile_command_defaults_to_auto_and_says_which_gate(tmp_path, capsys):
-    from conftest import make_tiny_llama
+    import conftest
 
     assert build_parser().parse_args(["profile"]).gate == "auto"
-    lm = make_tiny_llama()
-    lm.model.save_pretrained(tmp_path / "tiny")
-    lm.tokenizer.save_pretrained(tmp_path / "tiny")
+    conftest.save_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "out"
     assert main(["profile", "--model", str(tmp_path / "tiny"), "--device", "cpu", "--probe", "retrieval_reasoning",
                  "--lengths", "300", "--depths", "1", "50", "--needles", "q01", "q02", "q03", "--no-chat-template",
@@ -61,6 +59,6 @@ def test_profile_command_defaults_to_auto_and_says_which_gate(tmp_path, capsys):
     assert "trials passed the likelihood gate" in captured.out
     settings = json.loads((out / "tiny.reasoning.trials.jsonl").read_text().splitlines()[0])["settings"]
     assert settings["gate"] == "likelihood"
-    assert settings["gate_auto"] == {"parameters": _parameters(lm.model), "likelihood_below": AUTO_LIKELIHOOD_BELOW}
+    assert settings["gate_auto"] == {"parameters": _parameters(conftest.make_tiny_llama().model), "likelihood_below": AUTO_LIKELIHOOD_BELOW}
     profile = json.loads((out / "tiny.retrieval_reasoning.json").read_text())
     assert profile["trials"]["gate"] == "likelihood" and profile["probe"]["gate_auto"] == settings["gate_auto"]

@@ -115,9 +115,7 @@ def test_command_uses_every_needle_file(files, tmp_path, capsys, monkeypatch):
     import conftest
 
     monkeypatch.chdir(tmp_path)
-    lm = conftest.make_tiny_llama()
-    lm.model.save_pretrained(tmp_path / "tiny")
-    lm.tokenizer.save_pretrained(tmp_path / "tiny")
+    conftest.save_tiny_llama(tmp_path / "tiny")
     out = tmp_path / "out"
     main(["profile", "--model", str(tmp_path / "tiny"), "--device", "cpu", "--probe", "retrieval", "--lengths",
           "300", "--depths", "50", "--no-chat-template", "--out-dir", str(out), "--needle-file", str(files["a"]),
