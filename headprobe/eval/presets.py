@@ -120,6 +120,11 @@ PUBLISHED: dict[str, Preset] = {
                  "and PyramidInfer do); headprobe uses HeadKV's 8"))),
 }
 
+#: The ``window`` option value that sets a policy's observation window to the question: the tokens from
+#: the question's first token to the end of the prompt (question + what follows it: the answer
+#: instruction, the chat template's end, a response prefix), measured on every trial's prompt.
+QUESTION_WINDOW = "question"
+
 #: name -> (policy, allocation, profiles, policy options), the form :func:`~.settings.parse_setting` reads.
 PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
     name: (p.policy, p.allocation, p.profiles, dict(p.options)) for name, p in PUBLISHED.items()}
@@ -150,8 +155,6 @@ def describe_window(setting: Mapping[str, Any], windows: Sequence[int] = ()) -> 
         ``"published"`` (a preset with its published options), ``"matched"`` (a preset with only its
         window changed) or ``"custom"``.
     """
-    from .settings import QUESTION_WINDOW
-
     name, policy, options = setting["name"], setting["policy"], setting.get("options") or {}
     if policy == "full":
         return name, "–", "–"

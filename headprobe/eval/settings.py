@@ -17,12 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, param
-from .presets import PRESETS
-
-#: The ``window`` option value that sets a policy's observation window to the question: the tokens from
-#: the question's first token to the end of the prompt (question + what follows it: the answer
-#: instruction, the chat template's end, a response prefix), measured on every trial's prompt.
-QUESTION_WINDOW = "question"
+from .presets import PRESETS, QUESTION_WINDOW
 
 PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 ALLOCATIONS = ("uniform", "pyramid", "headkv", "dynamickv", "combined")

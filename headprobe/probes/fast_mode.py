@@ -45,7 +45,7 @@ from .trial_grid import TrialSpec
 from .trial_record import trial_gates, trial_record
 
 if TYPE_CHECKING:
-    from .needle_probe import NeedleProbeConfig
+    from .probe_config import NeedleProbeConfig
 
 #: Token id that never equals a prompt token (prompt tokens past a prompt's end are -1).
 _NO_TOKEN = -2

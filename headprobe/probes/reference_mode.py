@@ -33,7 +33,7 @@ from .trial_grid import TrialSpec
 from .trial_record import trial_gates, trial_record
 
 if TYPE_CHECKING:
-    from .needle_probe import NeedleProbeConfig
+    from .probe_config import NeedleProbeConfig
 
 
 def eos_ids(loaded) -> set[int]:

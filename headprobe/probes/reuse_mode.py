@@ -33,7 +33,7 @@ from .selective_prefill import Branches, check_reuse_model, plan_reuse, selectiv
 from .trial_grid import TrialSpec
 
 if TYPE_CHECKING:
-    from .needle_probe import NeedleProbeConfig
+    from .probe_config import NeedleProbeConfig
 
 @torch.no_grad()
 def run_reuse_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,

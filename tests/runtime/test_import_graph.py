@@ -1,4 +1,4 @@
-"""No two modules of headprobe.runtime import each other, directly or around a loop.
+"""No two modules of headprobe import each other, directly or around a loop (the runtime, and the whole package).
 
 Every import counts: module-level ones, those inside functions (a function-level import is still a
 dependency, only a later one) and those under ``if TYPE_CHECKING:`` (a dependency of the annotations).
@@ -109,6 +109,19 @@ def test_runtime_annotations_add_no_import_cycle():
         graph[src].discard(dst)
     loop = find_cycle(graph)
     assert loop is None, "import cycle (annotations included): " + " -> ".join(loop)
+
+
+def test_headprobe_has_no_import_cycle():
+    """The whole package, annotations included: a module that a mode, a policy or a stage needs sits below
+    every module that needs it (e.g. the needle probe's settings in ``probes/probe_config.py``, which the
+    fast, reference and reuse modes and the dispatcher all read)."""
+    package = Path(headprobe.__file__).parent
+    for type_checking in (False, True):
+        graph = import_graph(package, type_checking=type_checking)
+        assert "headprobe.probes.fast_mode" in graph and "headprobe.probes.probe_config" in \
+            graph["headprobe.probes.fast_mode"] | graph["headprobe.probes.needle_probe"]
+        loop = find_cycle(graph)
+        assert loop is None, "import cycle: " + " -> ".join(loop)
 
 
 def test_the_walk_finds_loops_through_function_level_imports(tmp_path):
