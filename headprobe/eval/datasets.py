@@ -46,9 +46,14 @@ def load_qa_dataset(source: Any, split: str = "test", context_field: str = "cont
     Raises
     ------
     HeadprobeError
-        The dataset cannot be read, lacks a field, or has a row with an empty answer list.
+        The dataset cannot be read, lacks a field, or has a row with an empty answer list; or the optional
+        ``datasets`` package is not installed.
     """
-    import datasets
+    try:
+        import datasets
+    except ImportError:
+        raise HeadprobeError("reading a QA dataset needs the 'datasets' package, an optional dependency: "
+                             "pip install 'headprobe[eval]'") from None
 
     name = "<dataset>" if isinstance(source, datasets.Dataset) else str(source)
     if isinstance(source, datasets.Dataset):

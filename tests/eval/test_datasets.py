@@ -81,3 +81,11 @@ def test_dataset_and_needle_cells_count_new_tokens_the_same_way(tiny_llama, tmp_
         trials = cell["trials"]
         assert cell["ms_per_token"] == pytest.approx(
             1000 * sum(t["seconds"] for t in trials) / sum(t["new_tokens"] for t in trials))
+
+
+def test_a_missing_datasets_package_is_one_line(monkeypatch, tmp_path):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "datasets", None)      # as on an install without the [eval] extra
+    with pytest.raises(headprobe.HeadprobeError, match=r"needs the 'datasets' package.*headprobe\[eval\]"):
+        headprobe.load_qa_dataset(str(tmp_path / "qa.jsonl"))
