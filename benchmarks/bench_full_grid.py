@@ -9,8 +9,10 @@ forward at every length separately, and prints
     needle pass time for all needles = sum over lengths of (prefix + all_needles / sample * (trials - prefix))
 
 next to the measured sample time. Layer retention does not depend on the grid and is timed in full.
+Reuse mode (``--mode reuse``) pays one haystack forward per length the same way, so the same scaling holds.
 
     python benchmarks/bench_full_grid.py                        # SmolLM2 on this machine
+    python benchmarks/bench_full_grid.py --mode reuse           # at the default recompute share
     python benchmarks/bench_full_grid.py --model mistral-7b     # on a GPU
 """
 
@@ -46,20 +48,26 @@ def main() -> None:
     parser.add_argument("--device", default=None)
     parser.add_argument("--needles-per-kind", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4)
+    parser.add_argument("--mode", default="fast", choices=list(headprobe.MODES))
+    parser.add_argument("--recompute-share", type=float, default=100 * headprobe.DEFAULT_RECOMPUTE_SHARE,
+                        metavar="PCT", help="reuse mode: percent of the haystack after the needle recomputed")
+    parser.add_argument("--skip-retention", action="store_true", help="time the needle passes only")
     parser.add_argument("--out-dir", default=None, help="keep the sample's logs here (default: a temp dir)")
     args = parser.parse_args()
 
     loaded = headprobe.load_model(args.model, device=args.device)
     lengths, depths, label = headprobe.probe_grid.full_grid(loaded.identity.max_context)
     print(f"model {loaded.identity.name} on {loaded.device}, torch threads {torch.get_num_threads()}; {label}: "
-          f"lengths {list(lengths)}")
+          f"lengths {list(lengths)}; {args.mode} mode"
+          + (f", recompute share {args.recompute_share:g}%" if args.mode == "reuse" else ""))
     out = Path(args.out_dir or tempfile.mkdtemp(prefix="full-grid-"))
     total_estimate = 0.0
     for kind, probe in (("retrieval", "retrieval"), ("reasoning", "retrieval_reasoning")):
         needles = headprobe.load_needles(headprobe.shipped_needle_file(kind))
         sample = [n.id for n in needles[:args.needles_per_kind]]
         request = headprobe.ProfileRequest(probes=[probe], lengths=list(lengths), depths=list(depths), out_dir=out,
-                                           needle_ids=sample, batch_size=args.batch_size)
+                                           needle_ids=sample, batch_size=args.batch_size, mode=args.mode,
+                                           recompute_share=headprobe.parse_recompute_share(args.recompute_share))
         start = time.perf_counter()
         result = headprobe.run_profile(loaded, request)
         measured = time.perf_counter() - start
@@ -75,13 +83,14 @@ def main() -> None:
               f"{len(depths)} depths = {len(records)} trials in {measured:.0f} s; "
               f"all needles: about {estimate / 60:.0f} min")
         total_estimate += estimate
-    request = headprobe.ProfileRequest(probes=["layer_retention"], lengths=list(lengths), depths=list(depths),
-                                       out_dir=out)
-    start = time.perf_counter()
-    headprobe.run_profile(loaded, request)
-    retention = time.perf_counter() - start
-    total_estimate += retention
-    print(f"layer retention: {retention:.0f} s")
+    if not args.skip_retention:
+        request = headprobe.ProfileRequest(probes=["layer_retention"], lengths=list(lengths), depths=list(depths),
+                                           out_dir=out)
+        start = time.perf_counter()
+        headprobe.run_profile(loaded, request)
+        retention = time.perf_counter() - start
+        total_estimate += retention
+        print(f"layer retention: {retention:.0f} s")
     print(f"full grid, all needles, all probes: about {total_estimate / 3600:.1f} h")
 
 
