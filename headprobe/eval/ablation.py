@@ -24,8 +24,7 @@ from ..attention.registry import AttentionSwitch
 from ..attention.rows import masked_attention
 from ..errors import HeadprobeError, param
 from ..files.jsonio import read_json
-from ..files.log_lock import LogLock
-from ..files.overwrite import check_overwrite
+from ..files.overwrite import check_rerun_outputs
 from ..files.trial_log import TrialLog, read_log_records
 from ..head_ranking import top_heads
 from ..models.identity import ModelIdentity, identity_from_config
@@ -183,21 +182,12 @@ def check_ablation_outputs(out: str | Path, figures: Iterable[str | Path] = (), 
     figure needs ``force``, except that with ``resume`` the result the log made (same model, profile,
     heads, grid and seed) and the figures it lists (``figures``) are rewritten.
     """
-    out = Path(out)
-    log = ablation_log_path(out)
-    if log.exists() and not (resume or force):
-        raise HeadprobeError(f"{log}: a run log already exists; pass {param('resume', True)} to continue it or "
-                             f"{param('force', True)} to start over")
-    LogLock(log).release()        # refused here if another run writes to the log
-    if force:
-        return
-    own = _result_made_by_log(out, log) if resume else None
-    if own is None:
-        check_overwrite(out, False, hint="or write elsewhere" + (f" (it was not made from {log})" if resume else ""))
-    mine = {(out.parent / f).resolve() for f in (own or {}).get("figures") or [] if isinstance(f, str)}
-    for figure in figures:
-        if Path(figure).resolve() not in mine:
-            check_overwrite(figure, False, hint="or write the figure elsewhere")
+
+    def figures_of_own_result(out: Path, log: Path) -> list[Any] | None:
+        own = _result_made_by_log(out, log)
+        return None if own is None else list(own.get("figures") or [])
+
+    check_rerun_outputs(out, ablation_log_path(out), figures, resume, force, figures_of_own_result, "run log")
 
 
 def _result_made_by_log(out: Path, log: Path) -> dict[str, Any] | None:

@@ -19,10 +19,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, param
+from ..errors import HeadprobeError
 from ..files.jsonio import check_writable_dir
-from ..files.log_lock import LogLock
-from ..files.overwrite import check_overwrite
+from ..files.overwrite import check_rerun_outputs
 from ..files.trial_log import TrialLog, read_log_records
 from .result import EvalResult
 from .settings import EvalSetting
@@ -48,13 +47,6 @@ def result_made_by_log(out: str | Path, log: str | Path) -> EvalResult | None:
     same = (result.model.get("fingerprint") == header.get("model") and result.task == header.get("task")
             and result.settings == header.get("settings"))
     return result if same else None
-
-
-def listed_figures(result: EvalResult | dict[str, Any], out: str | Path) -> set[Path]:
-    """The figures a result lists (``figures``, paths relative to the result's folder), resolved."""
-    figures = result.extra.get("figures") if isinstance(result, EvalResult) else result.get("figures")
-    folder = Path(out).parent
-    return {(folder / f).resolve() for f in figures or [] if isinstance(f, str)}
 
 
 def figure_names(out: str | Path, figures: Sequence[str | Path]) -> list[str]:
@@ -83,21 +75,13 @@ def check_eval_outputs(out: str | Path, figures: Sequence[str | Path] = (), resu
         Naming the file, and the parameter that would allow it.
     """
     out = Path(out)
-    log = cell_log_path(out)
     check_writable_dir(out.parent if str(out.parent) else Path("."))
-    if log.exists() and not (resume or force):
-        raise HeadprobeError(f"{log}: a cell log already exists; pass {param('resume', True)} to continue it or "
-                             f"{param('force', True)} to start over")
-    LogLock(log).release()        # refused here if another run writes to the log
-    if force:
-        return
-    own = result_made_by_log(out, log) if resume else None
-    if own is None:
-        check_overwrite(out, False, hint="or write elsewhere" + (f" (it was not made from {log})" if resume else ""))
-    mine = listed_figures(own, out) if own is not None else set()
-    for figure in figures:
-        if Path(figure).resolve() not in mine:
-            check_overwrite(figure, False, hint="or write the figure elsewhere")
+
+    def figures_of_own_result(out: Path, log: Path) -> list[Any] | None:
+        own = result_made_by_log(out, log)
+        return None if own is None else list(own.extra.get("figures") or [])
+
+    check_rerun_outputs(out, cell_log_path(out), figures, resume, force, figures_of_own_result, "cell log")
 
 
 def cell_id(setting: EvalSetting, length: int, depth: float | None) -> str:
