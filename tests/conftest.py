@@ -11,6 +11,14 @@ import torch
 from headprobe.models.identity import ModelIdentity, identity_from_config
 from headprobe.models.loading import LoadedModel
 
+#: Two question-answering rows in LongBench's field names, for dataset-eval tests.
+QA_ROWS = {
+    "context": ["The lighthouse keeper kept a red notebook. " * 30, "The baker rose at four every morning. " * 30],
+    "input": ["What colour was the notebook?", "When did the baker rise?"],
+    "answers": [["red"], ["at four", "four"]],
+    "_id": ["q1", "q2"],
+}
+
 #: SmolLM2-135M-Instruct's shape, for tests of files made for it that need not load the model.
 SMOLLM2_IDENTITY = ModelIdentity(name="HuggingFaceTB/SmolLM2-135M-Instruct", source="test", architecture="llama",
                                  num_layers=30, num_query_heads=9, num_kv_heads=3, head_dim=64,

@@ -4,6 +4,7 @@ import json
 
 import pytest
 import torch
+from conftest import QA_ROWS
 from headprobe_cli.main import main
 
 from headprobe import HeadprobeError
@@ -11,12 +12,7 @@ from headprobe.eval import EvalResult, expand_settings, load_qa_dataset, run_dat
 
 torch.set_num_threads(1)
 
-ROWS = {
-    "context": ["The lighthouse keeper kept a red notebook. " * 30, "The baker rose at four every morning. " * 30],
-    "input": ["What colour was the notebook?", "When did the baker rise?"],
-    "answers": [["red"], ["at four", "four"]],
-    "_id": ["q1", "q2"],
-}
+ROWS = QA_ROWS
 
 
 def _dataset():

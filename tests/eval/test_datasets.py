@@ -2,6 +2,7 @@
 
 import pytest
 import torch
+from conftest import QA_ROWS
 
 import headprobe
 from headprobe.eval import (
@@ -17,12 +18,7 @@ from headprobe.haystack.context import build_context
 
 torch.set_num_threads(1)
 
-ROWS = {
-    "context": ["The lighthouse keeper kept a red notebook. " * 30, "The baker rose at four every morning. " * 30],
-    "input": ["What colour was the notebook?", "When did the baker rise?"],
-    "answers": [["red"], ["at four", "four"]],
-    "_id": ["q1", "q2"],
-}
+ROWS = QA_ROWS
 MAX_NEW = 8
 
 

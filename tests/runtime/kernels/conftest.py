@@ -106,3 +106,30 @@ def pytest_runtest_logreport(report):
         text = report.longrepr[2]
     with open(path, "a") as fh:
         fh.write(json.dumps({"nodeid": report.nodeid, "outcome": report.outcome, "text": text}) + "\n")
+
+
+@pytest.fixture
+def guard_events(monkeypatch):
+    """``(events, record)``: ``record(module, kernels)`` replaces ``module.device_guard`` with one that logs
+    ``("enter", device)`` and ``"exit"``, and each ``kernel.launch`` in ``kernels`` (name -> kernel) with one
+    that logs its name, into ``events``."""
+    events: list = []
+
+    class Guard:
+        def __init__(self, device):
+            self.device = device
+
+        def __enter__(self):
+            events.append(("enter", self.device))
+
+        def __exit__(self, *exc):
+            events.append("exit")
+
+    def record(module, kernels: dict) -> None:
+        monkeypatch.setattr(module, "device_guard", Guard)
+        for name, kernel in kernels.items():
+            launch = kernel.launch
+            monkeypatch.setattr(kernel, "launch",
+                                lambda *a, _launch=launch, _name=name, **k: (events.append(_name), _launch(*a, **k)))
+
+    return events, record

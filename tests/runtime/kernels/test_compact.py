@@ -134,23 +134,9 @@ def test_compaction_source_offsets_are_64_bit(interpreter, monkeypatch):
     assert torch.equal(out_len, count)
 
 
-def test_compaction_launches_under_the_device_guard_of_its_tensors(interpreter, monkeypatch):
-    events = []
-
-    class Guard:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            events.append(("enter", self.device))
-
-        def __exit__(self, *exc):
-            events.append("exit")
-
-    launch = compact_mod.COMPACT_KERNEL.launch
-    monkeypatch.setattr(compact_mod, "device_guard", Guard)
-    monkeypatch.setattr(compact_mod.COMPACT_KERNEL, "launch", lambda *a, **k: (events.append("launch"),
-                                                                               launch(*a, **k)))
+def test_compaction_launches_under_the_device_guard_of_its_tensors(interpreter, guard_events):
+    events, record = guard_events
+    record(compact_mod, {"launch": compact_mod.COMPACT_KERNEL})
     keys, values, positions, index, count = _prompt()
     offsets, *fast = _outputs(count, 16, keys.dtype, "cpu")
     compact_mod.compact_triton(keys, values, positions, index, count, offsets, *fast)

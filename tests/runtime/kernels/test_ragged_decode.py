@@ -107,26 +107,9 @@ def test_default_split_uses_the_tensor_device_sm_count(kernel_device, monkeypatc
     assert launch_mod.sm_count(torch.device("cpu")) == launch_mod.DEFAULT_SM_COUNT
 
 
-def test_decode_launches_under_the_device_guard_of_its_tensors(interpreter, monkeypatch):
-    events = []
-
-    class Guard:
-        def __init__(self, device):
-            self.device = device
-
-        def __enter__(self):
-            events.append(("enter", self.device))
-
-        def __exit__(self, *exc):
-            events.append("exit")
-
-    def recording(kernel, name):
-        launch = kernel.launch
-        monkeypatch.setattr(kernel, "launch", lambda *a, **k: (events.append(name), launch(*a, **k)))
-
-    monkeypatch.setattr(rd, "device_guard", Guard)
-    recording(rd.DECODE_KERNEL, "decode")
-    recording(rd.COMBINE_KERNEL, "combine")
+def test_decode_launches_under_the_device_guard_of_its_tensors(interpreter, guard_events):
+    events, record = guard_events
+    record(rd, {"decode": rd.DECODE_KERNEL, "combine": rd.COMBINE_KERNEL})
     _compare(torch.device("cpu"), split=64, max_len=150, lengths=[150, 3, 90, 64, 65, 1])
     assert events == [("enter", torch.device("cpu")), "decode", "combine", "exit"]
 
