@@ -58,7 +58,8 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
         else out.with_suffix(".png")
-    headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
+    if ranks.is_main:   # the merged outputs are rank 0's to write; every rank checks its own log below
+        headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))

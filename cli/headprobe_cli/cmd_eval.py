@@ -109,7 +109,8 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         else out.with_suffix(".png")
     memory_plot = figure_path(args.memory_plot) if args.memory_plot else None
     figures = [f for f in (plot, memory_plot) if f is not None]
-    headprobe.check_eval_outputs(out, figures, resume=args.resume, force=args.force)   # before the model loads
+    if ranks.is_main:   # before the model loads; the merged outputs are rank 0's, each rank checks its own log below
+        headprobe.check_eval_outputs(out, figures, resume=args.resume, force=args.force)
     part_log = headprobe.cell_log_path(ranks.part_path(out))     # each rank keeps its own under torchrun
     if ranks.distributed and part_log.exists() and not (args.resume or args.force):
         raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
