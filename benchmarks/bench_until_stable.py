@@ -59,20 +59,35 @@ def replay(settings: dict, records: list[dict], kinds: list[str], rule: StopRule
     return outcome, list(done.values())
 
 
+def read_logs(paths: list[str]) -> tuple[dict, list[dict]]:
+    """The settings and records of one run's log, or of its shard logs put together (their settings must
+    agree apart from the shard)."""
+    settings, records = headprobe.read_log(paths[0])
+    first = {k: v for k, v in settings.items() if k != "shard"}
+    for path in paths[1:]:
+        other, more = headprobe.read_log(path)
+        if {k: v for k, v in other.items() if k != "shard"} != first:
+            raise SystemExit(f"{path}: settings differ from {paths[0]}'s beyond the shard; give the logs of one run")
+        records += more
+    return first, records
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("log", help="trial log of a full-grid run")
+    parser.add_argument("logs", nargs="+", metavar="LOG",
+                        help="trial log of a full-grid run, or the shard logs (--shard i/n) of one")
     parser.add_argument("--k", nargs="+", type=int, default=[10, 20])
     parser.add_argument("--jaccard", type=float, default=0.9)
     parser.add_argument("--stopped", nargs="*", default=[], help="profiles of a real --until-stable run")
     parser.add_argument("--out", help="write the results as JSON")
     args = parser.parse_args()
 
-    settings, records = headprobe.read_log(args.log)
+    settings, records = read_logs(args.logs)
+    name = args.logs[0] if len(args.logs) == 1 else f"{args.logs[0]} (+{len(args.logs) - 1} shard logs)"
     kinds = [k for k in (("retrieval", "enhanced_retrieval") if settings["pass"] == "retrieval"
                          else ("retrieval_reasoning",)) if k in settings.get("probes", [k])]
     seconds = sum(r.get("seconds", 0.0) for r in records)
-    print(f"{args.log}: {len(records)} trials, mode {settings['mode']}"
+    print(f"{name}: {len(records)} trials, mode {settings['mode']}"
           + (f" (share {settings['recompute_share']})" if "recompute_share" in settings else "")
           + f", {seconds:.0f} s of trial time")
     results = []

@@ -4,11 +4,11 @@ Usage::
 
     python benchmarks/eval_tables.py eval/eval.json [more.json ...]
 
-Prints three tables (several result files of one model and grid are read as one): every setting with its
+Prints four tables (several result files of one model and grid are read as one): every setting with its
 observation window, whether it runs at its method's published setting or at a window chosen for the
 comparison, mean accuracy, found rate (score > 0.5), allocated and held cache MiB, share of a full cache
-and ms per generated token; then mean accuracy per context length; then mean accuracy per method and
-capacity, one block per window. Long-generation results (``--task longgen``) also get the mean needle
+and ms per generated token; then mean accuracy per context length and per needle depth; then mean
+accuracy per method and capacity, one block per window. Long-generation results (``--task longgen``) also get the mean needle
 recall.
 
 "published" means a preset with the options its method was published with
@@ -26,6 +26,20 @@ import numpy as np
 
 import headprobe
 from headprobe.eval.presets import describe_window
+
+
+def print_breakdown(summary: list[dict], cells: list[dict], field: str, heading: str) -> None:
+    """Mean accuracy per setting (rows) and per value of a cell's ``field`` (columns: length or depth)."""
+    values = sorted({c[field] for c in cells if c.get(field) is not None})
+    by: dict[tuple[str, float], list[float]] = defaultdict(list)
+    for c in cells:
+        by[(c["setting"], c.get(field))].append(c["accuracy"])
+    label = (lambda v: f"{100 * v:g}%") if field == "depth" else str
+    print(f"| setting \\ {heading} | " + " | ".join(label(v) for v in values) + " |")
+    print("|---|" + "---:|" * len(values))
+    for s in summary:
+        row = [by.get((s["setting"], v)) for v in values]
+        print(f"| {s['setting']} | " + " | ".join(f"{np.mean(c):.2f}" if c else "–" for c in row) + " |")
 
 
 def main() -> None:
@@ -56,16 +70,9 @@ def main() -> None:
         if longgen:
             row += f" {s['needle_recall']:.2f} |"
         print(row + f" {s['ms_per_token']:.0f} |")
-    lengths = sorted({c["length"] for c in cells})
-    by: dict[tuple[str, int], list[float]] = defaultdict(list)
-    for c in cells:
-        by[(c["setting"], c["length"])].append(c["accuracy"])
-    print()
-    print("| setting | " + " | ".join(str(L) for L in lengths) + " |")
-    print("|---|" + "---:|" * len(lengths))
-    for s in summary:
-        row = [by.get((s["setting"], L)) for L in lengths]
-        print(f"| {s['setting']} | " + " | ".join(f"{np.mean(c):.2f}" if c else "–" for c in row) + " |")
+    for field, heading in (("length", "length"), ("depth", "depth")):
+        print()
+        print_breakdown(summary, cells, field, heading)
     # mean accuracy by method x capacity, one block per window
     capacities = sorted({s["capacity"] for s in summary if s["capacity"] is not None})
     blocks: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))

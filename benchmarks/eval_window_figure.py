@@ -79,7 +79,9 @@ def main() -> None:
     axes[0][0].set_ylabel("mean accuracy")
     axes[0][0].set_ylim(-0.03, 1.03)
     name = results[0].model.get("name", "").split("/")[-1]
-    fig.suptitle(f"{name}: needle accuracy by observation window", fontsize=11)
+    lengths = sorted({n for r in results for n in r.grid.get("lengths", [])})
+    span = f"{lengths[0]:,}" + (f" to {lengths[-1]:,}" if len(lengths) > 1 else "") + " tokens" if lengths else ""
+    fig.suptitle(f"{name}: needle accuracy by observation window" + (f", {span}" if span else ""), fontsize=11)
     fig.tight_layout()
     out = Path(args.out)
     fig.savefig(out, dpi=110)
