@@ -86,6 +86,37 @@ def test_merging_every_shard_gives_the_means_of_the_whole_grid(tiny_identity, tm
     assert sorted(map(tuple, retrieval.probe["merged_shards"])) == [(0, 2), (1, 2)]
 
 
+def test_shard_logs_of_several_passes_merge_pass_by_pass(tiny_identity, tmp_path):
+    # profile --merge out/*.shard*of2.trials.jsonl: the retrieval and the reasoning shards of one run
+    paths = write_shards(tiny_identity, tmp_path, 2)
+    reasoning_paths = []
+    for i in range(2):
+        settings = {**needle_settings(tiny_identity, (i, 2)), "pass": "reasoning", "probes": ["retrieval_reasoning"],
+                    "needle_set": {"path": "needles/reasoning.jsonl", "shipped": True, "fingerprint": "g" * 16,
+                                   "ids": ["q01", "q02"]}}
+        path = tmp_path / f"tiny.reasoning.shard{i}of2.trials.jsonl"
+        with TrialLog(path, settings) as log:
+            for spec in shard_trials(make_grid(["q01", "q02"], [300], [0.0, 0.5, 1.0], [0]), (i, 2)):
+                r = record(spec)
+                r["scores"] = {"retrieval_reasoning": r["scores"]["retrieval"]}
+                log.append(r)
+        reasoning_paths.append(path)
+    written = merge_profile_logs([paths[0], reasoning_paths[1], paths[1], reasoning_paths[0]], tmp_path / "out")
+    profiles = {p.name: Profile.load(p) for p in written}
+    assert sorted(profiles) == ["tiny-llama.enhanced_retrieval.json", "tiny-llama.retrieval.json",
+                                "tiny-llama.retrieval_reasoning.json"]
+    assert all(p.trials["total"] == 6 and "missing" not in p.trials for p in profiles.values())
+    reasoning_specs = make_grid(["q01", "q02"], [300], [0.0, 0.5, 1.0], [0])
+    for layer in range(LAYERS):
+        expected = math.fsum(record(s)["scores"]["retrieval"][layer][0] for s in reasoning_specs) / 6
+        assert profiles["tiny-llama.retrieval_reasoning.json"].query_heads[layer][0] == pytest.approx(expected, rel=1e-12)
+    assert sorted(map(tuple, profiles["tiny-llama.retrieval_reasoning.json"].probe["merged_shards"])) == [(0, 2), (1, 2)]
+    # a pass with a shard missing stops the whole merge before anything is written
+    with pytest.raises(HeadprobeError, match="shard 0/2 not given"):
+        merge_profile_logs(paths + reasoning_paths[1:], tmp_path / "again")
+    assert not (tmp_path / "again").exists() or not list((tmp_path / "again").iterdir())
+
+
 def test_an_incomplete_shard_set_is_refused_unless_allowed(tiny_identity, tmp_path):
     paths = write_shards(tiny_identity, tmp_path, 2, which=[0])
     with pytest.raises(HeadprobeError) as err:

@@ -21,7 +21,7 @@ from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..paths import haystacks_dir
 from ..profile import Profile
-from .aggregate import check_trial_records, gate_name, merge_logs, profiles_from_log
+from .aggregate import check_trial_records, gate_name, merge_logs, profiles_from_log, read_profile_log
 from .early_stop import StopRule, check_stop_rule, run_until_stable
 from .gates import GateChoice, check_gate, choose_gate
 from .modes import DEFAULT_RECOMPUTE_SHARE, MODES, check_recompute_share
@@ -500,25 +500,35 @@ def _write_profiles(log: TrialLog, outputs: ProfileOutputs, result: ProfileResul
 
 def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str | None = None, force: bool = False,
                        allow_partial: bool = False) -> list[Path]:
-    """Merge the shard logs of one pass into its profile(s), written to ``out_dir``.
+    """Merge shard logs into profiles, written to ``out_dir``.
 
-    Every record is checked (one line naming the file, line and field of a bad one) and the logs must
+    The logs may belong to several passes of one run (``profile --merge out/*.shard*of4.trials.jsonl``):
+    they are grouped by the pass their settings name, and each pass's logs are merged on their own. Every
+    record is checked (one line naming the file, line and field of a bad one) and each pass's logs must
     hold every trial of the grid their settings describe, unless ``allow_partial``
     (:func:`~headprobe.probes.aggregate.merge_logs`). An existing profile is replaced only with ``force``;
     nothing is written unless every profile can be.
     """
-    merged = merge_logs([Path(p) for p in paths], allow_partial=allow_partial)
+    groups: dict[str, list[Path]] = {}
+    for path in paths:
+        settings, _ = read_profile_log(path)
+        groups.setdefault(str(settings.get("pass")), []).append(Path(path))
+    if not groups:
+        raise HeadprobeError("merge: no trial logs given")
     out_dir = check_writable_dir(out_dir)
-    stem = name or model_slug(merged.settings["model"]["name"])
-    profiles = profiles_from_log({**merged.settings, "merged_shards": merged.shards}, merged.records)
-    targets = [Path(out_dir) / f"{stem}.{profile.kind}.json" for profile in profiles]
-    for path in targets:
+    planned: list[tuple[Profile, Path, int]] = []
+    for group in groups.values():
+        merged = merge_logs(group, allow_partial=allow_partial)
+        stem = name or model_slug(merged.settings["model"]["name"])
+        for profile in profiles_from_log({**merged.settings, "merged_shards": merged.shards}, merged.records):
+            planned.append((profile, Path(out_dir) / f"{stem}.{profile.kind}.json", merged.missing))
+    for _, path, _ in planned:
         check_overwrite(path, force, hint=f"or choose another {param('out_dir')}")
-    for profile, path in zip(profiles, targets):
-        if merged.missing:
-            profile.trials["missing"] = merged.missing
+    for profile, path, missing in planned:
+        if missing:
+            profile.trials["missing"] = missing
         profile.save(path)
-    return targets
+    return [path for _, path, _ in planned]
 
 
 def load_profile(path: str | Path) -> Profile:
