@@ -23,7 +23,7 @@ from scipy.stats import spearmanr
 
 import headprobe
 from headprobe.head_ranking import rank_order
-from headprobe.probes.aggregate import gate_name
+from headprobe.probes.aggregate import gate_name, merge_logs
 from headprobe.probes.early_stop import StopRule, run_until_stable
 from headprobe.probes.trial_grid import make_grid
 from headprobe.probes.trial_order import spread_order
@@ -59,19 +59,6 @@ def replay(settings: dict, records: list[dict], kinds: list[str], rule: StopRule
     return outcome, list(done.values())
 
 
-def read_logs(paths: list[str]) -> tuple[dict, list[dict]]:
-    """The settings and records of one run's log, or of its shard logs put together (their settings must
-    agree apart from the shard)."""
-    settings, records = headprobe.read_log(paths[0])
-    first = {k: v for k, v in settings.items() if k != "shard"}
-    for path in paths[1:]:
-        other, more = headprobe.read_log(path)
-        if {k: v for k, v in other.items() if k != "shard"} != first:
-            raise SystemExit(f"{path}: settings differ from {paths[0]}'s beyond the shard; give the logs of one run")
-        records += more
-    return first, records
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("logs", nargs="+", metavar="LOG",
@@ -82,7 +69,8 @@ def main() -> None:
     parser.add_argument("--out", help="write the results as JSON")
     args = parser.parse_args()
 
-    settings, records = read_logs(args.logs)
+    merged = merge_logs(args.logs)          # one run's log, or its shard logs: checked and complete
+    settings, records = merged.settings, merged.records
     name = args.logs[0] if len(args.logs) == 1 else f"{args.logs[0]} (+{len(args.logs) - 1} shard logs)"
     kinds = [k for k in (("retrieval", "enhanced_retrieval") if settings["pass"] == "retrieval"
                          else ("retrieval_reasoning",)) if k in settings.get("probes", [k])]
