@@ -67,6 +67,7 @@ def run_side(args) -> None:
         from transformers import DynamicCache
 
         from headprobe.integrations.kvpress import BudgetMapPress
+        from headprobe.models.cache_argument import with_cache
     for needle, length, depth, ids in trials(args, lm.tokenizer):
         input_ids = torch.tensor([ids])
         n = input_ids.shape[1]
@@ -89,11 +90,11 @@ def run_side(args) -> None:
                 press = None if capacity is None else BudgetMapPress(budget_map(capacity))
                 with torch.no_grad():
                     if press is None:
-                        out = lm.model.generate(input_ids, past_key_values=cache, do_sample=False,
+                        out = lm.model.generate(input_ids, **with_cache(lm.model, cache), do_sample=False,
                                                 max_new_tokens=args.max_new_tokens)
                     else:
                         with press(lm.model):
-                            out = lm.model.generate(input_ids, past_key_values=cache, do_sample=False,
+                            out = lm.model.generate(input_ids, **with_cache(lm.model, cache), do_sample=False,
                                                     max_new_tokens=args.max_new_tokens)
                 new = out[0, n:]
                 heads = lm.identity.num_layers * lm.identity.num_kv_heads

@@ -22,6 +22,7 @@ import torch
 
 import headprobe
 from headprobe import BudgetMap, generate_compressed, load_model
+from headprobe.models.cache_argument import with_cache
 
 _WORDS = (["The farmer", "A young teacher", "The old captain", "My neighbour", "The baker", "The mayor"],
           ["walked to", "wrote about", "painted", "visited", "repaired", "described"],
@@ -54,7 +55,7 @@ def stock_generate(lm, ids, new):
     from transformers import DynamicCache
     cache = DynamicCache(config=lm.model.config)
     t = time.perf_counter()
-    lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
+    lm.model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **with_cache(lm.model, cache),
                       max_new_tokens=new, min_new_tokens=new, do_sample=False,
                       pad_token_id=lm.tokenizer.pad_token_id)
     elapsed = time.perf_counter() - t

@@ -98,10 +98,22 @@ def _rows_mask(*args, **kwargs):
     recorder = RowRecorder.active()
     request = recorder.request if recorder is not None else None
     if (request is not None and request.prefix_visible and kwargs.get("local_size") is None
-            and not kwargs.get("use_vmap") and kwargs.get("q_length", 0) > 1
-            and kwargs.get("q_offset") == request.block_start):
-        return None
+            and not kwargs.get("use_vmap")):
+        q_length, q_offset = _query_span(kwargs)
+        if q_length > 1 and q_offset == request.block_start:
+            return None
     return sdpa_mask(*args, **kwargs)
+
+
+def _query_span(mask_kwargs: dict) -> tuple[int, int | None]:
+    """``(q_length, q_offset)`` of a mask builder call: named so since transformers' mask rework, derived
+    from the ``cache_position`` tensor that earlier 5.x releases pass instead."""
+    if "q_length" in mask_kwargs:
+        return int(mask_kwargs["q_length"]), mask_kwargs.get("q_offset", 0)
+    positions = mask_kwargs.get("cache_position")
+    if positions is None or positions.numel() == 0:
+        return 0, None
+    return int(positions.shape[0]), int(positions[0])
 
 
 class RowRecorder(AttentionSwitch, implementation=IMPLEMENTATION, sdpa_masks=False):

@@ -30,6 +30,7 @@ from ..attention.recorder import RowCallback
 from ..haystack.context import TrialContext, build_context, common_prefix_length, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
+from ..models.cache_argument import with_cache
 from .head_scores import copy_scores, reasoning_scores
 from .layer_scores import (
     AnswerSpans,
@@ -268,7 +269,7 @@ def prompt_step(model, recorder: RowRecorder, batch: FastBatch, cache, split_att
     recorder.request = RowRequest(first.to(device), prefix, _rows_on_device(rows),
                                   key_mask=batch.attention.bool().to(device), prefix_visible=split_attention)
     out = model(input_ids=batch.suffix_ids.to(device), attention_mask=batch.attention.to(device),
-                past_key_values=cache, use_cache=True,
+                use_cache=True, **with_cache(model, cache),
                 position_ids=torch.arange(prefix, total, device=device)[None].expand(size, -1),
                 logits_to_keep=torch.tensor(keep_local, device=device))
     index_of = {p: i for i, p in enumerate(keep_local)}
@@ -395,7 +396,7 @@ def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, res
     recorder.request = RowRequest(positions.to(device), total, scorer, key_mask=full_mask.bool().to(device),
                                   query_index=torch.arange(steps)[None].expand(size, -1).to(device),
                                   key_positions=key_positions.to(device))
-    out = model(input_ids=ids.to(device), attention_mask=full_mask.to(device), past_key_values=cache,
+    out = model(input_ids=ids.to(device), attention_mask=full_mask.to(device), **with_cache(model, cache),
                 use_cache=True, position_ids=positions.to(device), logits_to_keep=steps)
     logp = torch.log_softmax(out.logits.float(), dim=-1).cpu()
     del out

@@ -10,6 +10,7 @@ import torch
 
 from ..haystack.context import build_context
 from ..haystack.corpus import Haystack
+from ..models.cache_argument import with_cache
 
 
 @torch.no_grad()
@@ -23,8 +24,8 @@ def prefix_cache(model, prefix_ids: list[int], device: torch.device):
 
     cache = DynamicCache()
     if prefix_ids:
-        model(input_ids=torch.tensor([prefix_ids], device=device), past_key_values=cache, use_cache=True,
-              logits_to_keep=1)
+        model(input_ids=torch.tensor([prefix_ids], device=device), use_cache=True, logits_to_keep=1,
+              **with_cache(model, cache))
     return cache
 
 

@@ -18,6 +18,7 @@ from ..attention import RowRecorder, RowRequest
 from ..haystack.context import TrialContext, build_context, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
+from ..models.cache_argument import with_cache
 from ..models.loading import generation_eos_ids
 from .layer_scores import (
     AnswerSpans,
@@ -108,7 +109,7 @@ def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: 
         for step in range(steps):
             position = prompt.shape[1] - 1 + step
             rec.request = RowRequest(torch.tensor([[position]]), block_start, collect_rows(step_rows))
-            out = model(input_ids=inputs, past_key_values=cache, use_cache=True, logits_to_keep=1,
+            out = model(input_ids=inputs, **with_cache(model, cache), use_cache=True, logits_to_keep=1,
                         position_ids=torch.arange(block_start, block_start + inputs.shape[1], device=device)[None])
             token = int(out.logits[0, -1].argmax())
             if token in eos:
@@ -156,7 +157,7 @@ def candidate_margin(loaded, cache, prompt: torch.Tensor, needle: Needle, ctx: T
         with RowRecorder(model) as rec:
             if gold_rows is not None and cand == needle.candidates[1]:
                 rec.request = RowRequest(positions, prompt_len - 1, collect_rows(gold_rows))
-            out = model(input_ids=inputs, past_key_values=cache, use_cache=True, position_ids=positions)
+            out = model(input_ids=inputs, **with_cache(model, cache), use_cache=True, position_ids=positions)
         logp = torch.log_softmax(out.logits[0].float(), dim=-1)
         scores.append(float(logp[torch.arange(len(c)), torch.tensor(c, device=device)].sum()))
     return scores[0] - scores[1]

@@ -33,6 +33,7 @@ import torch
 from ..attention.rope_shift import decoder_of, layer_rotation, rotate_half, shift_cos_sin, shift_keys
 from ..attention.selective import KeyLayout, SelectiveAttention
 from ..errors import HeadprobeError, param
+from ..models.cache_argument import with_cache
 
 #: The layer at which reused tokens are ranked by KV deviation (layer 0's keys and values depend only on
 #: the token and its position, so layer 1 is the first where the needle changes them).
@@ -312,7 +313,7 @@ def selective_trial_forward(model, base_cache, trial_ids: list[int], plan: Reuse
             index = torch.cat([prompt_active, n + torch.arange(size, device=device)])
             hidden = torch.cat([hidden_prompt, hidden_branch], dim=1)
             hidden = layer(hidden, attention_mask=None, position_embeddings=rotation.cos_sin(active_pos[None], hidden),
-                           position_ids=active_pos[None], past_key_values=_ScatterCache(keys, values, index))
+                           position_ids=active_pos[None], **with_cache(layer, _ScatterCache(keys, values, index)))
             if isinstance(hidden, tuple):
                 hidden = hidden[0]
             hidden_prompt, hidden_branch = hidden[:, :len(prompt_active)], hidden[:, len(prompt_active):]

@@ -134,10 +134,15 @@ class LayerSlot(CacheLayerMixin):
     def get_seq_length(self) -> int:
         return self.seen
 
-    def get_mask_sizes(self, query_length: int) -> tuple[int, int]:
-        return self.seen + query_length, 0
+    def get_mask_sizes(self, query_length: int | torch.Tensor) -> tuple[int, int]:
+        # early 5.x releases pass the new tokens' cache_position tensor instead of their count
+        new = query_length if isinstance(query_length, int) else int(query_length.shape[0])
+        return self.seen + new, 0
 
     def get_max_length(self) -> int:
+        return -1
+
+    def get_max_cache_shape(self) -> int:      # the name of get_max_length in early 5.x releases
         return -1
 
     def reset(self) -> None:
@@ -259,9 +264,12 @@ class CompressedCache(SlotCache):
 
     Examples
     --------
+    ``with_cache`` (:mod:`headprobe.models.cache_argument`) passes the cache as ``cache=`` (transformers 5.24
+    and later) or ``past_key_values=`` (earlier 5.x), whichever the model declares:
+
     >>> cache = CompressedCache(model.config, SnapKV(), UniformBudget(128), max_new_tokens=64)
     >>> with headprobe_attention(model):
-    ...     out = model.generate(**inputs, past_key_values=cache, max_new_tokens=64)
+    ...     out = model.generate(**inputs, **with_cache(model, cache), max_new_tokens=64)
     >>> cache.memory_bytes(), cache.kept_tokens()
     """
 

@@ -42,8 +42,9 @@ def headprobe_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         ``([batch, n, q_heads, head_dim], None)`` like transformers' attention functions.
     """
     if not isinstance(key, PendingKV) or value is not key:
-        raise HeadprobeError("the headprobe attention needs past_key_values=CompressedCache(...) and the keys "
-                             "and values its update returned (use headprobe.generate_compressed)")
+        raise HeadprobeError("the headprobe attention needs a CompressedCache passed as the model's cache "
+                             "(cache=, or past_key_values= before transformers 5.24) and the keys and values its "
+                             "update returned (use headprobe.generate_compressed)")
     slot = key.slot
     layer = getattr(module, "layer_idx", slot.layer_idx)
     if layer != slot.layer_idx:

@@ -10,6 +10,7 @@ import torch
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..limits import check_count
+from ..models.cache_argument import with_cache
 from ..models.loading import transformers_model
 from ..models.placement import input_device
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
@@ -149,8 +150,8 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     if tokenizer is not None and tokenizer.pad_token_id is not None:
         kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
     with headprobe_attention(hf_model):
-        out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask, past_key_values=cache,
-                                **kwargs)
+        out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask,
+                                **with_cache(hf_model, cache), **kwargs)
     cache.check_attended()
     return finish(tokenizer, out, input_ids.shape[1], cache)
 

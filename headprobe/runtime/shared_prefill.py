@@ -21,6 +21,7 @@ from typing import Any
 import torch
 
 from ..errors import HeadprobeError, param
+from ..models.cache_argument import with_cache
 from ..models.loading import generation_eos_ids, transformers_model
 from .cache import LayerSlot, SlotCache
 from .cache_attention import check_supported, headprobe_attention
@@ -144,7 +145,7 @@ def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokeni
     start = time.perf_counter()
     with headprobe_attention(hf_model):
         out = hf_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                       past_key_values=recorder, use_cache=True, logits_to_keep=1)
+                       use_cache=True, logits_to_keep=1, **with_cache(hf_model, recorder))
     seconds = time.perf_counter() - start
     recorder.check_attended()
     return RecordedPrefill(input_ids=input_ids, attention_mask=attention_mask, layers=recorder.records,
@@ -194,7 +195,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
             kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
         with headprobe_attention(hf_model):
             sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(first)], 1),
-                                          past_key_values=cache, **kwargs)
+                                          **with_cache(hf_model, cache), **kwargs)
             done = torch.tensor([int(t) in eos for t in first[:, 0]], device=sequences.device)
             pad = tokenizer.pad_token_id if tokenizer is not None else None
             if bool(done.any()) and pad is not None:    # rows that ended at the first token, as generate pads them

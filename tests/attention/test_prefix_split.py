@@ -12,6 +12,7 @@ import torch.nn.functional as F
 
 from headprobe.attention import RowRecorder, RowRequest
 from headprobe.attention.prefix_split import prefix_split_attention
+from headprobe.models.cache_argument import with_cache
 
 
 def _masked_sdpa(query, key, value, prefix, scale):
@@ -51,7 +52,7 @@ def _prompt_forward(lm, prefix_ids, suffix_ids, pad_lengths, prefix_visible):
     batch, width = suffix_ids.shape
     prefix = prefix_ids.shape[1]
     cache = DynamicCache()
-    model(prefix_ids, past_key_values=cache, use_cache=True)
+    model(prefix_ids, **with_cache(model, cache), use_cache=True)
     for layer in cache.layers:
         layer.keys = layer.keys.expand(batch, -1, -1, -1).contiguous()
         layer.values = layer.values.expand(batch, -1, -1, -1).contiguous()
@@ -64,7 +65,7 @@ def _prompt_forward(lm, prefix_ids, suffix_ids, pad_lengths, prefix_visible):
     with RowRecorder(model) as rec:
         rec.request = RowRequest(last, prefix, lambda layer, r, kp: rows.__setitem__(layer, r),
                                  key_mask=attention.bool(), prefix_visible=prefix_visible)
-        logits = model(suffix_ids, attention_mask=attention, past_key_values=cache, use_cache=True,
+        logits = model(suffix_ids, attention_mask=attention, **with_cache(model, cache), use_cache=True,
                        position_ids=torch.arange(prefix, prefix + width)[None].expand(batch, -1)).logits
     valid = [logits[b, :width - n] for b, n in enumerate(pad_lengths)]
     return valid, rows

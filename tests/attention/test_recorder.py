@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from headprobe.attention import RowRecorder, RowRequest
+from headprobe.models.cache_argument import with_cache
 
 
 @pytest.mark.parametrize("maker", ["make_tiny_llama", "make_tiny_gemma3"])
@@ -30,10 +31,10 @@ def test_recorder_rows_equal_eager_attention(maker):
         torch.testing.assert_close(rows, eager[layer][:, :, [35, 39]], atol=1e-6, rtol=1e-5)
     # the second block of a cached forward: rows over all 40 keys
     cache = DynamicCache()
-    model(ids[:, :30], past_key_values=cache)
+    model(ids[:, :30], **with_cache(model, cache))
     got.clear()
     with RowRecorder(model) as rec:
         rec.request = RowRequest(torch.tensor([[35, 39]]), 30, lambda l, r, kp: got.__setitem__(l, r))
-        model(ids[:, 30:], past_key_values=cache)
+        model(ids[:, 30:], **with_cache(model, cache))
     for layer, rows in got.items():
         torch.testing.assert_close(rows, eager[layer][:, :, [35, 39]], atol=1e-6, rtol=1e-5)

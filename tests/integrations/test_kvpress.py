@@ -27,6 +27,7 @@ from headprobe.integrations.kvpress import (
     per_layer_press,
 )
 from headprobe.interop import kvpress_layer_ratios, write_duoattention
+from headprobe.models.cache_argument import with_cache
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
 
@@ -75,7 +76,7 @@ def test_budget_map_press_keeps_the_maps_budgets_and_finds_the_needle(smollm2):
     assert n > 2000
     cache = DynamicCache()
     with torch.no_grad(), press(smollm2.model):               # kvpress' documented generate usage
-        out = smollm2.model.generate(ids, past_key_values=cache, max_new_tokens=16, do_sample=False)
+        out = smollm2.model.generate(ids, **with_cache(smollm2.model, cache), max_new_tokens=16, do_sample=False)
     answer = smollm2.tokenizer.decode(out[0, n:], skip_special_tokens=True)
     assert "4817" in answer
     # each KV head keeps the map's budget (window included) clamped to the prompt, as headprobe's runtime
@@ -139,7 +140,7 @@ def test_duoattention_folder_press_one_kv_head(tmp_path):
     press = DuoAttentionFolderPress(pattern_dir=folder)
     cache = DynamicCache(config=lm.model.config)
     with torch.no_grad(), press(lm.model):
-        lm.model.model(input_ids=ids, past_key_values=cache)
+        lm.model.model(input_ids=ids, **with_cache(lm.model.model, cache))
     assert press.streaming_mask.shape == (4, 1) and int(press.streaming_mask.sum()) == 2
     values = np.loadtxt(folder / "full_attention_heads.tsv", delimiter="\t", ndmin=2)
     assert np.array_equal(press.streaming_mask.numpy(), values <= 0.5)
@@ -154,7 +155,7 @@ def test_duoattention_folder_press_one_kv_head(tmp_path):
     assert flat.shape == (4,)
     plain.load_attention_pattern = lambda model: (2, 4, flat)
     with torch.no_grad(), plain(lm.model):
-        lm.model.model(input_ids=ids, past_key_values=DynamicCache(config=lm.model.config))
+        lm.model.model(input_ids=ids, **with_cache(lm.model.model, DynamicCache(config=lm.model.config)))
     assert all(len(lm.model.model.layers[i].self_attn.masked_key_indices[0]) == 0 for i in range(4))
     assert plain.compression_ratio > 0                               # while reporting compression
 
@@ -169,7 +170,7 @@ def test_per_layer_ratios_keep_each_layers_budget(smollm2):
     press = per_layer_press(bm, n)
     cache = DynamicCache()
     with torch.no_grad(), press(smollm2.model):
-        smollm2.model.model(input_ids=ids, past_key_values=cache)
+        smollm2.model.model(input_ids=ids, **with_cache(smollm2.model.model, cache))
     kept = [cache.layers[i].keys.shape[2] for i in range(30)]
     assert kept == info["kept_per_head"] and sum(kept) * 3 == bm.total
     assert press.compression_ratio == pytest.approx(info["compression_ratio"])
@@ -195,5 +196,5 @@ def test_presses_refuse_what_they_cannot_apply(tmp_path):
     assert isinstance(press.budget_map, BudgetMap)
     ids = torch.randint(3, 300, (1, 50))
     with torch.no_grad(), press(lm.model):
-        lm.model.model(input_ids=ids, past_key_values=DynamicCache())
+        lm.model.model(input_ids=ids, **with_cache(lm.model.model, DynamicCache()))
     assert press.kept_tokens_.tolist() == [[16, 16]] * 4

@@ -18,6 +18,7 @@ from headprobe.attention.selective import KeyLayout, grouped_masked_attention, m
 from headprobe.haystack.context import build_context, common_prefix_length
 from headprobe.haystack.corpus import Haystack, load_haystack
 from headprobe.haystack.needles import Needle
+from headprobe.models.cache_argument import with_cache
 from headprobe.probes.needle_probe import NeedleProbeConfig, run_needle_trials
 from headprobe.probes.selective_prefill import Branches, fresh_kv, plan_reuse
 from headprobe.probes.trial_grid import make_grid
@@ -136,7 +137,7 @@ def test_fresh_kv_equals_the_layers_own_keys_and_values(make):
     ids = torch.randint(5, lm.model.config.vocab_size, (1, 12), generator=torch.Generator().manual_seed(3))
     cache = DynamicCache()
     with torch.no_grad():
-        lm.model(input_ids=ids, past_key_values=cache, use_cache=True)
+        lm.model(input_ids=ids, **with_cache(lm.model, cache), use_cache=True)
         decoder = decoder_of(lm.model)
         hidden = decoder.embed_tokens(ids)
         keys, values = fresh_kv(decoder.layers[0], hidden, torch.arange(12), layer_rotation(lm.model, 0))

@@ -13,12 +13,13 @@ from transformers import DynamicCache
 
 from headprobe import HeadprobeError
 from headprobe.attention.rope_shift import layer_rotation, shift_cos_sin, shift_keys, shifted_keys
+from headprobe.models.cache_argument import with_cache
 
 
 def _layer_keys(model, ids: torch.Tensor, layer: int = 0) -> torch.Tensor:
     cache = DynamicCache()
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True)
+        model(input_ids=ids, **with_cache(model, cache), use_cache=True)
     return cache.layers[layer].keys
 
 

@@ -8,6 +8,7 @@ import torch
 from headprobe import HeadprobeError
 from headprobe.allocation.clamp import split_with_caps
 from headprobe.budget_map import BudgetMap
+from headprobe.models.cache_argument import with_cache
 from headprobe.runtime import (
     POLICIES,
     CompressedCache,
@@ -82,7 +83,7 @@ def test_decode_appends_in_place(tiny_llama):
     hook = layer0.register_forward_hook(lambda *_: buffers.append(cache.stores[0].keys.data_ptr()))
     try:
         with headprobe_attention(tiny_llama.model):
-            tiny_llama.model.generate(**enc, past_key_values=cache, max_new_tokens=16, do_sample=False,
+            tiny_llama.model.generate(**enc, **with_cache(tiny_llama.model, cache), max_new_tokens=16, do_sample=False,
                                       pad_token_id=tiny_llama.tokenizer.pad_token_id)
     finally:
         hook.remove()

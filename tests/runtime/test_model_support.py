@@ -22,18 +22,19 @@ def _attention_that(touch, use_returned: bool = True):
     attention function (or, with ``use_returned=False``, the update's result ignored and the layer's own
     keys sent to a fixed eager attention)."""
 
-    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, past_key_values=None,
-                **kwargs):
+    def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None,
+                past_key_values=None, **kwargs):
+        cache = cache if cache is not None else past_key_values     # the name before transformers 5.24
         shape = (*hidden_states.shape[:-1], -1, self.head_dim)
         query = self.q_proj(hidden_states).view(shape).transpose(1, 2)
         key = self.k_proj(hidden_states).view(shape).transpose(1, 2)
         value = self.v_proj(hidden_states).view(shape).transpose(1, 2)
         query, key = apply_rotary_pos_emb(query, key, *position_embeddings)
-        if past_key_values is not None:
-            returned = past_key_values.update(key, value, self.layer_idx)
+        if cache is not None:
+            returned = cache.update(key, value, self.layer_idx)
             if use_returned:
                 key, value = touch(*returned)
-        interface = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, None)
+        interface = ALL_ATTENTION_FUNCTIONS[self.config._attn_implementation]
         if not use_returned:
             interface = modeling_llama.eager_attention_forward
         out, weights = interface(self, query, key, value, attention_mask, dropout=0.0, scaling=self.scaling,

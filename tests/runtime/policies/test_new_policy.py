@@ -12,7 +12,9 @@ from typing import ClassVar
 
 import pytest
 import torch
+from transformers import DynamicCache
 
+from headprobe.models.cache_argument import with_cache
 from headprobe.runtime import LayerContext, ScorerPolicy, generate_compressed
 
 
@@ -38,8 +40,9 @@ def _prompt_keys(lm, enc):
     the positions generate uses for left-padded rows."""
     mask = enc["attention_mask"]
     position_ids = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)
-    out = lm.model(**enc, position_ids=position_ids, use_cache=True)
-    return [layer.keys for layer in out.past_key_values.layers]
+    cache = DynamicCache(config=lm.model.config)
+    lm.model(**enc, position_ids=position_ids, use_cache=True, **with_cache(lm.model, cache))
+    return [layer.keys for layer in cache.layers]
 
 
 def test_scorer_policy_keeps_the_window_and_the_largest_keys(tiny_llama):

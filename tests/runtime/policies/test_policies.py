@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from headprobe.models.cache_argument import with_cache
 from headprobe.runtime import generate_compressed
 from headprobe.runtime.policies.merge import merge_groups
 
@@ -29,7 +30,7 @@ def test_morphkv_cache_size_is_constant_while_decoding(tiny_llama):
     enc = tok(LONG[:1], return_tensors="pt")
     try:
         with headprobe_attention(tiny_llama.model):
-            tiny_llama.model.generate(**enc, past_key_values=cache, max_new_tokens=30, do_sample=False,
+            tiny_llama.model.generate(**enc, **with_cache(tiny_llama.model, cache), max_new_tokens=30, do_sample=False,
                                       pad_token_id=tok.pad_token_id)
     finally:
         hook.remove()
@@ -99,7 +100,7 @@ def test_dynamickv_with_a_budget_map_shares_the_maps_total():
     enc = lm.tokenizer(LONG[:1], return_tensors="pt")
     cache = CompressedCache(lm.model.config, make_policy("dynamickv", interval=2, r_max=4), Fixed(), max_new_tokens=1)
     with headprobe_attention(lm.model):
-        lm.model(**enc, past_key_values=cache, use_cache=True)
+        lm.model(**enc, **with_cache(lm.model, cache), use_cache=True)
     kept = cache.kept_tokens()[0]
     assert enc["input_ids"].shape[1] > 8 + 30     # every head can hold its own budget
     assert int((kept - 8).sum()) == (9 + 9 + 10 + 14 + 20 + 12 + 9 + 30 + 16 + 16) - 8 * 10   # = 65, not 1·2·5
