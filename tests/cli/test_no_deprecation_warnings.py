@@ -21,7 +21,7 @@ def _headprobe(*argv: str, cwd) -> subprocess.CompletedProcess:
     code = "import sys; from headprobe_cli.main import main; sys.exit(main(sys.argv[1:]))"
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     env.pop("PYTHONWARNINGS", None)
-    return subprocess.run([sys.executable, *WARNINGS_AS_ERRORS, "-c", code, *argv], cwd=cwd, env=env,
+    return subprocess.run([sys.executable, *WARNINGS_AS_ERRORS, "-c", code, *argv], check=False, cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=900)
 
 

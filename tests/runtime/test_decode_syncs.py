@@ -147,10 +147,10 @@ def test_a_whole_decoding_step_reads_no_more_than_stock_generate_whatever_the_la
     for layers in (2, 6):
         lm = conftest.make_tiny_llama(layers=layers)
         ids, mask = _batch()
-        per_token.append(_reads_per_token(lambda new: headprobe.generate_compressed(
+        per_token.append(_reads_per_token(lambda new, lm=lm, ids=ids, mask=mask: headprobe.generate_compressed(
             lm, input_ids=ids, attention_mask=mask, policy="keepkv", capacity=CAPACITY, max_new_tokens=new,
             min_new_tokens=new)))
-        stock.append(_reads_per_token(lambda new: lm.model.generate(
+        stock.append(_reads_per_token(lambda new, lm=lm, ids=ids, mask=mask: lm.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
             pad_token_id=lm.tokenizer.pad_token_id)))
     assert per_token[0] == per_token[1] <= stock[0] == stock[1], (per_token, stock)
