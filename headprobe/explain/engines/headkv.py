@@ -98,11 +98,19 @@ def unsupported(engine: str, model: ModelIdentity, types: tuple[str, ...] = MODE
     return None
 
 
+def short_context(engine: str, context: int) -> str | None:
+    """Why ``engine`` fails on a context shorter than its window: the window's causal mask is added to a
+    ``[context, context]`` block (``snapkv_utils.py:395-402``)."""
+    if context < WINDOW:
+        return f"{engine}'s {WINDOW}-token window mask does not fit a {context}-token context (it needs at least {WINDOW})"
+    return None
+
+
 def headkv_allocation(scores: np.ndarray, model: ModelIdentity, setting: Setting, capacity: int, beta: float,
                       temp: float = 1.0) -> EngineAllocation:
     """What HeadKV holds for one sequence of ``setting.context`` tokens (see the module docs)."""
     text = f"--max_capacity_prompts {capacity} --beta {beta:g} --temp {temp:g}"
-    why = unsupported("HeadKV", model)
+    why = unsupported("HeadKV", model) or short_context("HeadKV", setting.context)
     if why is None and setting.batch > 1:
         why = f"HeadKV compresses one sequence at a time (assert bsz == 1, headkv/snapkv_utils.py:456), not {setting.batch}"
     if why is not None:
@@ -129,4 +137,4 @@ def headkv_allocation(scores: np.ndarray, model: ModelIdentity, setting: Setting
 
 
 __all__ = ("HEADKV", "MODEL_TYPES", "WINDOW", "check_engine_capacity", "headkv_allocation", "headkv_capacities",
-           "kept_at", "unsupported")
+           "kept_at", "short_context", "unsupported")

@@ -27,7 +27,7 @@ from ...errors import HeadprobeError
 from ...models.identity import ModelIdentity
 from ..setting import Setting
 from .allocation import EngineAllocation, dynamic
-from .headkv import WINDOW, kept_at, unsupported
+from .headkv import WINDOW, kept_at, short_context, unsupported
 
 KVCACHE_FACTORY = "Zefan-Cai/KVCache-Factory@c97f9d7"
 GRANULARITIES = ("query_head", "kv_head")
@@ -75,7 +75,7 @@ def factory_allocation(scores: np.ndarray, model: ModelIdentity, setting: Settin
     """What KVCache-Factory holds for one sequence of ``setting.context`` tokens."""
     text = (f"--max_capacity_prompts {max_capacity_prompts} --head_beta {head_beta:g} "
             f"--kv_cache_granularity {granularity}")
-    why = unsupported("KVCache-Factory", model)
+    why = unsupported("KVCache-Factory", model) or short_context("KVCache-Factory", setting.context)
     if why is None and setting.batch > 1:
         why = (f"KVCache-Factory runs one sequence at a time (--eval_batch_size must be 1, run_longbench.py:439), "
                f"not {setting.batch}")
