@@ -72,7 +72,7 @@ def _check_options(o: dict[str, Any]) -> None:
     if o["gqa"] is not None and o["gqa"] not in GQA_RULES:
         raise HeadprobeError(f"{param('gqa', o['gqa'])}: expected one of {', '.join(GQA_RULES)}")
     if o["press_options"] and o["press"] is None:
-        raise HeadprobeError(f"{param('press_options')} apply to {param('press')}")
+        raise HeadprobeError(f"{param('press_options')} needs {param('press')}")
 
 
 def _check_applies(kind: str, o: dict[str, Any]) -> None:
@@ -149,7 +149,7 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
     if policy is not None:
         runtime_policy(policy, dict(policy_options or {}))
     elif policy_options:
-        raise HeadprobeError(f"{param('policy_options')} need {param('policy')}")
+        raise HeadprobeError(f"{param('policy_options')} needs {param('policy')}")
     paths = [inputs] if isinstance(inputs, (str, Path)) else list(inputs)
     if paths and press is not None:
         raise HeadprobeError(f"{param('press')} explains a kvpress press without an input file; for a DuoAttention "
