@@ -47,7 +47,8 @@ def register(sub, formatter) -> None:
                    "budget runs best, printed)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
     g = p.add_argument_group("profiles (allocated as `headprobe allocate` does)")
-    g.add_argument("--method", default=None, help="allocation method (default headkv)")
+    g.add_argument("--method", default=None, help="allocation method (default: headkv for a head-score profile, "
+                   "dynamickv for a layer-retention profile, combined for both)")
     g.add_argument("--capacity", type=int, default=None,
                    help="profile: mean tokens per KV head (default 128); budget map: rescale to it; HeadKV file: "
                         "HeadKV's --max_capacity_prompts (default 128)")
@@ -120,7 +121,5 @@ def run(args) -> int:
         print(f"wrote {ex.save_plot(outputs['plot'], args.force)}")
     if "budget" in outputs:
         path = ex.save_budget(outputs["budget"], args.force)
-        run_with = ex.run_with
-        options = "".join(f" --option {k}={v}" for k, v in run_with["options"].items())
-        print(f"wrote {path}; run it with: headprobe generate --budget {path} --policy {run_with['policy']}{options}")
+        print(f"wrote {path}; run it with: {ex.generate_command(path)} PROMPT")
     return 0

@@ -113,8 +113,8 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         The runtime policy headprobe's row uses (``snapkv`` or ``streaming``) and its options; default: how
         the budget map says it runs (``method.run_with``), else ``snapkv`` with the map's window.
     method, capacity, beta, window, sink, temperature, reduction, task
-        A profile's allocation, as ``headprobe allocate`` takes them (default ``headkv``, capacity 128,
-        window 8). ``capacity`` rescales a budget map (as ``generate --capacity``) and is HeadKV's
+        A profile's allocation, as ``headprobe allocate`` takes them (default ``headkv`` for a head-score
+        profile, ``dynamickv`` for a layer-retention profile, ``combined`` for both; capacity 128, window 8). ``capacity`` rescales a budget map (as ``generate --capacity``) and is HeadKV's
         ``--max_capacity_prompts`` for a score file (with ``beta``, default 1.2, and ``temperature`` =
         ``1 / --temp``).
     sparsity, sink_size, recent_size
@@ -234,7 +234,7 @@ def _profile(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     from ..allocation.api import allocate
     from ..allocation.dynamickv_offline import parse_task_mix
 
-    method = o["method"] or "headkv"
+    method = o["method"] or _default_method(inp.profiles)
     capacity = o["capacity"] if o["capacity"] is not None else DEFAULT_CAPACITY
     window = o["window"] if o["window"] is not None else DEFAULT_WINDOW
     sink = o["sink"] or 0
@@ -261,6 +261,13 @@ def _profile(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     params = ", ".join(f"{k} {bm.method[k]}" for k in ("capacity", "beta", "window", "sink", "temperature")
                        if bm.method.get(k) is not None)
     return Conversion(bm, policy, options), rows, [], f"allocated: {method}, {params}"
+
+
+def _default_method(profiles) -> str:
+    """``headkv`` for head scores, ``dynamickv`` for layer retention alone, ``combined`` for both."""
+    heads = any(p.query_heads is not None for p in profiles)
+    layers = any(p.retention for p in profiles)
+    return "combined" if heads and layers and len(profiles) > 1 else "dynamickv" if layers and not heads else "headkv"
 
 
 def _factory_rows(scores, model, setting: Setting, capacity: int, beta: float,

@@ -122,6 +122,13 @@ class Explanation:
         check_overwrite(path, force)
         return save_figure(explain_figure(self), path, force=force)
 
+    def generate_command(self, path: str | Path) -> str:
+        """``headprobe generate ...``: the command that runs :attr:`budget_map`, saved at ``path``, in headprobe's
+        runtime with the policy it runs with (:attr:`run_with`)."""
+        from .engines.headprobe_runtime import generate_command
+
+        return "headprobe " + generate_command(str(path), self.run_with["policy"], self.run_with["options"])
+
     def format_table(self) -> str:
         """The terminal report (:func:`~headprobe.explain.report.format_report`)."""
         from .report import format_report

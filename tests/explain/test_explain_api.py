@@ -83,6 +83,23 @@ def test_a_policy_given_replaces_the_maps_own():
     assert ex.engines[0].bytes_end < explain_budget(R2, context=4096).engines[0].bytes_end   # no decode room
 
 
+def test_the_method_follows_the_profiles_given():
+    layers = shipped_profiles_dir() / "smollm2-135m.layer_retention.json"
+    assert explain_budget(layers, context=1000).budget_map.method["allocator"] == "dynamickv"
+    assert explain_budget([R2, layers], context=1000).budget_map.method["allocator"] == "combined"
+    assert explain_budget(R2, context=1000).budget_map.method["allocator"] == "headkv"
+
+
+def test_the_command_shown_runs_the_map_with_its_options():
+    ex = explain_budget(press="adakv", ratio=0.5, context=1000)
+    assert ex.generate_command("m.json") == ("headprobe generate --budget m.json --policy snapkv --option adaptive=true "
+                                             "--option floor_share=0.2 --option window=8")
+    from headprobe.runtime import make_policy, parse_policy_options
+
+    flags = ex.generate_command("m.json").split("--option ")[1:]
+    assert make_policy("snapkv", **parse_policy_options([f.strip() for f in flags])).adaptive is True
+
+
 def test_options_that_do_not_apply_are_refused_not_ignored():
     with pytest.raises(HeadprobeError, match="sparsity applies to a DuoAttention folder; the input is a profile"):
         explain_budget(R2, context=100, sparsity=0.5)

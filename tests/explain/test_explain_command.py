@@ -31,7 +31,7 @@ def test_a_profile_is_explained_and_written_as_json_figure_and_budget_map(tmp_pa
                         str(files[1]), "--to", "budget", "-o", str(files[2]))
     assert code == 0
     assert "the budget at 4,096 tokens" in out and "HeadKV" in out and "KVCache-Factory" in out
-    assert f"run it with: headprobe generate --budget {files[2]} --policy snapkv --option window=8" in out
+    assert f"run it with: headprobe generate --budget {files[2]} --policy snapkv --option window=8 PROMPT" in out
     data = json.loads(files[0].read_text())
     assert (data["format"], data["version"]) == ("headprobe.explain", 1)
     assert data["budget"]["total_tokens"] == 64 * 30 * 3

@@ -42,6 +42,17 @@ CITES = ["headprobe runtime/budget_sources.py MapBudget.resolve",
          "headprobe runtime/store.py LayerStore.__init__, LayerStore.memory_bytes"]
 
 
+def generate_command(path: str, policy: str, options: dict[str, Any], capacity: int | None = None,
+                     max_new_tokens: int | None = None) -> str:
+    """The ``headprobe generate`` flags that run a map file with this policy (booleans as ``true``/``false``)."""
+    def text(v: Any) -> str:
+        return str(v).lower() if isinstance(v, bool) else str(v)
+
+    return (f"generate --budget {path} --policy {policy}" + "".join(f" --option {k}={text(v)}" for k, v in options.items())
+            + (f" --capacity {capacity}" if capacity is not None else "")
+            + (f" --max-new-tokens {max_new_tokens}" if max_new_tokens is not None else ""))
+
+
 def runtime_policy(policy: str, options: dict[str, Any]) -> Any:
     """The runtime's policy object (options checked by the policy itself)."""
     from ...runtime.generate import make_policy
@@ -103,9 +114,7 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
     options = dict(options or {})
     pol = runtime_policy(policy, options)
     n, m = setting.context, setting.max_new_tokens
-    command = (f"generate --budget {budget_path} --policy {policy}"
-               + "".join(f" --option {k}={v}" for k, v in options.items())
-               + (f" --capacity {capacity}" if capacity is not None else "") + f" --max-new-tokens {m}")
+    command = generate_command(budget_path, policy, options, capacity, m)
     try:
         budgets = resolved_budgets(bm, model, n, pol, capacity)
     except HeadprobeError as exc:
@@ -142,4 +151,4 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
                             notes, CITES)
 
 
-__all__ = ("RUNTIME_POLICIES", "MapWindow", "resolved_budgets", "runtime_allocation", "runtime_policy", "store_bytes")
+__all__ = ("RUNTIME_POLICIES", "MapWindow", "generate_command", "resolved_budgets", "runtime_allocation", "runtime_policy", "store_bytes")
