@@ -114,7 +114,8 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         the budget map says it runs (``method.run_with``), else ``snapkv`` with the map's window.
     method, capacity, beta, window, sink, temperature, reduction, task
         A profile's allocation, as ``headprobe allocate`` takes them (default ``headkv`` for a head-score
-        profile, ``dynamickv`` for a layer-retention profile, ``combined`` for both; capacity 128, window 8). ``capacity`` rescales a budget map (as ``generate --capacity``) and is HeadKV's
+        profile, ``dynamickv`` for a layer-retention profile, ``combined`` for both; capacity 128, window
+        8). ``capacity`` rescales a budget map (as ``generate --capacity``) and is HeadKV's
         ``--max_capacity_prompts`` for a score file (with ``beta``, default 1.2, and ``temperature`` =
         ``1 / --temp``).
     sparsity, sink_size, recent_size
@@ -198,7 +199,8 @@ def _map_rows(bm, model, setting: Setting, capacity: int | None) -> list[EngineA
 
 def _no_headkv(why: str) -> list[EngineAllocation]:
     return [EngineAllocation.cannot_run("HeadKV", "--max_capacity_prompts C --beta B", why),
-            EngineAllocation.cannot_run("KVCache-Factory", "--method HeadKV --max_capacity_prompts C --head_beta B", why)]
+            EngineAllocation.cannot_run("KVCache-Factory", "--method HeadKV --max_capacity_prompts C --head_beta B",
+                                        why)]
 
 
 def _no_duo(why: str) -> EngineAllocation:
@@ -317,7 +319,8 @@ def _headkv(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     rows = [headkv_allocation(inp.scores, inp.model, setting, capacity, beta, temp)]
     rows += _factory_rows(inp.scores, inp.model, setting, capacity, beta, o["temperature"])
     rows.append(budget_map_press(conversion.budget_map, inp.model, setting))
-    rows.append(_no_duo("takes a head pattern, not a score file (headprobe import FILE, then export --to duoattention)"))
+    rows.append(_no_duo("takes a head pattern, not a score file (headprobe import FILE, then export --to "
+                        "duoattention)"))
     notes = []
     if inp.model.group_size > 1:
         rule = ("the rounded mean of its query heads' tokens (KVCache-Factory's kv_head granularity)" if gqa == "mean"

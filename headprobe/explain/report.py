@@ -25,7 +25,8 @@ def budget_lines(ex: Explanation) -> list[str]:
         lines.append(f"{i:>5}  {cells.format(*row):<{head_w}}  {int(row.sum()):>10,}  "
                      f"{format_bytes(per_layer_bytes[i]):>11}{kind}")
     total, nbytes = int(b.sum()), int(ex.budget_bytes.sum())
-    lines.append(f"total  {'':<{head_w}}  {total:>10,}  {format_bytes(nbytes):>11}  {total / ex.full_tokens():.1%} of a "
+    share = total / ex.full_tokens()
+    lines.append(f"total  {'':<{head_w}}  {total:>10,}  {format_bytes(nbytes):>11}  {share:.1%} of a "
                  f"full cache ({ex.full_tokens():,} tokens, {format_bytes(ex.full_bytes())})")
     return lines
 

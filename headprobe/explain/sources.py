@@ -118,7 +118,8 @@ def input_kind(path: Path) -> str:
         return "headkv"
     raise FileFormatError(path, "format" if fmt is not None else None,
                           f"expected a headprobe budget map or profile, a HeadKV / Retrieval_Head score file "
-                          f"{{\"<layer>-<head>\": [scores]}} or a DuoAttention folder; found {fmt or type(obj).__name__!r}")
+                          f"{{\"<layer>-<head>\": [scores]}} or a DuoAttention folder; found "
+                          f"{fmt or type(obj).__name__!r}")
 
 
 def read_input(paths: list[str | Path], model: ModelIdentity | None, press: PressSetting | None = None,

@@ -120,7 +120,8 @@ def test_the_raw_cut_is_the_eval_patchs(folder):
     full, tie = duo_split(inp.duo, None)
     assert tie is None and (inp.duo.sink_size, inp.duo.recent_size) == (sink, recent)
     for n in (100, sink + recent, sink + recent + 1, 5000):
-        assert (duo_allocation(inp.duo, inp.model, Setting(n), None).held == tuple_cache_kept(heads, sink, recent, n)).all()
+        held = duo_allocation(inp.duo, inp.model, Setting(n), None).held
+        assert (held == tuple_cache_kept(heads, sink, recent, n)).all()
     assert (full == (heads > 0.5)).all()
 
 

@@ -42,7 +42,7 @@ WINDOW = 8
 def headkv_head_capacity(path: Path, max_capacity_prompts: int, beta: float, temp: float, layers: int,
                          heads: int) -> torch.Tensor:
     """FYYFU/HeadKV headkv/snapkv_utils.py: ReasonSnapKVCluster.__init__."""
-    base_capacity = max_capacity_prompts - WINDOW                                  # :347 (window_size 8, run_longbench.py:217)
+    base_capacity = max_capacity_prompts - WINDOW                      # :347 (window_size 8: run_longbench.py:217)
     with open(path) as file:
         head_list = json.loads(file.readline())                                    # :379-380
     head_score_list = [np.mean(v[1]) for v in head_list.items()]                   # :381

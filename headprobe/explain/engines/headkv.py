@@ -102,7 +102,8 @@ def short_context(engine: str, context: int) -> str | None:
     """Why ``engine`` fails on a context shorter than its window: the window's causal mask is added to a
     ``[context, context]`` block (``snapkv_utils.py:395-402``)."""
     if context < WINDOW:
-        return f"{engine}'s {WINDOW}-token window mask does not fit a {context}-token context (it needs at least {WINDOW})"
+        return (f"{engine}'s {WINDOW}-token window mask does not fit a {context}-token context (it needs at least "
+                f"{WINDOW})")
     return None
 
 
@@ -112,7 +113,8 @@ def headkv_allocation(scores: np.ndarray, model: ModelIdentity, setting: Setting
     text = f"--max_capacity_prompts {capacity} --beta {beta:g} --temp {temp:g}"
     why = unsupported("HeadKV", model) or short_context("HeadKV", setting.context)
     if why is None and setting.batch > 1:
-        why = f"HeadKV compresses one sequence at a time (assert bsz == 1, headkv/snapkv_utils.py:456), not {setting.batch}"
+        why = (f"HeadKV compresses one sequence at a time (assert bsz == 1, headkv/snapkv_utils.py:456), not "
+               f"{setting.batch}")
     if why is not None:
         return EngineAllocation.cannot_run("HeadKV", text, why, CITES)
     caps = headkv_capacities(scores, capacity, beta, temp)

@@ -48,7 +48,8 @@ def generate_command(path: str, policy: str, options: dict[str, Any], capacity: 
     def text(v: Any) -> str:
         return str(v).lower() if isinstance(v, bool) else str(v)
 
-    return (f"generate --budget {path} --policy {policy}" + "".join(f" --option {k}={text(v)}" for k, v in options.items())
+    return (f"generate --budget {path} --policy {policy}"
+            + "".join(f" --option {k}={text(v)}" for k, v in options.items())
             + (f" --capacity {capacity}" if capacity is not None else "")
             + (f" --max-new-tokens {max_new_tokens}" if max_new_tokens is not None else ""))
 
@@ -151,4 +152,5 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
                             notes, CITES)
 
 
-__all__ = ("RUNTIME_POLICIES", "MapWindow", "generate_command", "resolved_budgets", "runtime_allocation", "runtime_policy", "store_bytes")
+__all__ = ("RUNTIME_POLICIES", "MapWindow", "generate_command", "resolved_budgets", "runtime_allocation",
+           "runtime_policy", "store_bytes")

@@ -114,7 +114,8 @@ def press_allocation(press: PressSetting, model: ModelIdentity, setting: Setting
     text = f"{spec.cls}(compression_ratio={press.ratio:g}{shown})"
     n = setting.context
     if spec.kind == "adakv":
-        text = f"AdaKVPress(ScorerPress(compression_ratio={press.ratio:g}), alpha_safeguard={options['alpha_safeguard']:g})"
+        text = (f"AdaKVPress(ScorerPress(compression_ratio={press.ratio:g}), "
+                f"alpha_safeguard={options['alpha_safeguard']:g})")
     cites = [f"{KVPRESS} kvpress/presses/scorer_press.py:94", f"{KVPRESS} kvpress/presses/base_press.py:159"]
     why = press_refusal(spec, options, n)
     if why is not None:
