@@ -167,6 +167,8 @@ _API: dict[str, dict[str, str]] = {
         "run_dataset_eval_on_ranks": "distributed.eval_ranks",
         "run_ablation_on_ranks": "distributed.ablation_ranks",
     },
+    # explain: any budget in tokens and bytes, and what every engine allocates for it
+    "explain": {"explain_budget": "explain.api"},
     # plots of every stage (PNG or SVG)
     "plots": {
         "ablation_bars": "plots.eval_figures",
