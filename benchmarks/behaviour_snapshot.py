@@ -27,7 +27,7 @@ from typing import Any
 VOLATILE = {"created", "seconds", "wall_seconds", "elapsed", "headprobe_version", "version_of_headprobe",
             "fingerprint", "source_path", "sources", "path", "paths", "started", "finished", "seconds_per_trial",
             "prefill_seconds", "decode_ms_per_token", "ms_per_token", "time", "timing", "timings", "host",
-            "command", "log", "profile_path", "out", "created_by"}
+            "command", "log", "profile_path", "out", "created_by", "mean_seconds"}
 
 PROFILE_GRID = ["--lengths", "400", "--depths", "0", "50", "100", "--needles", "r01", "r02", "q01", "q02",
                 "--samples-per-task", "1"]
