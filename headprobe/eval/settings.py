@@ -397,13 +397,15 @@ def make_setting(base: str, capacity: int | None = None, options: Mapping[str, A
     name = _named(base, written)
     label = name if capacity is None else f"{name}@{capacity}"
     setting = EvalSetting.parse(label)
-    want_options = {**plain.options, **options} if setting.policy != "full" else {}
-    want = (want_options, allocation_options if setting.policy != "full" else {})
-    for got, wanted, what in ((setting.options, want[0], "policy"),
-                              (setting.allocation_options, want[1], "allocation")):
-        for key in sorted(set(got) | set(wanted)):
-            a, b = got.get(key, _ABSENT), wanted.get(key, _ABSENT)
-            if a != b or type(a) is not type(b):
-                raise HeadprobeError(f"{param('spec', label)}: {what} option {key}={b!r} does not read back from "
-                                     f"the setting's name (it reads {a!r})")
+    if setting.policy == "full":
+        return setting
+    got = {"policy": setting.options, "allocation": setting.allocation_options}
+    wanted = {"policy": {**plain.options, **options}, "allocation": allocation_options}
+    for what, other in (("policy", "allocation"), ("allocation", "policy")):
+        for key, value in wanted[what].items():
+            found = got[what].get(key, _ABSENT)
+            if found != value or type(found) is not type(value):
+                reads = f"{'an' if other == 'allocation' else 'a'} {other} option" if key in got[other] else repr(found)
+                raise HeadprobeError(f"{param('spec', label)}: {what} option {key}={value!r} does not read back from "
+                                     f"the setting's name (it reads {reads})")
     return setting
