@@ -77,8 +77,8 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
     Raises
     ------
     HeadprobeError
-        A profile that is missing or made for another model, or a capacity the allocator refuses (one no
-        larger than the window).
+        A profile that is missing or made for another model, a capacity the allocator refuses (one no
+        larger than the window), an allocation option it refuses, or a map per query head.
     """
     from ..allocation import allocate, load_profile, newest_profile
     from ..allocation.options import spelled_as_setting_options
@@ -104,10 +104,14 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
             profiles.append(newest_profile(lm.identity, p, profile_dirs).profile)
     try:
         with spelled_as_setting_options():
-            return allocate(setting.allocation, profiles, lm.identity, capacity=setting.capacity, window=int(window),
-                            **setting.allocation_options)
+            bm = allocate(setting.allocation, profiles, lm.identity, capacity=setting.capacity, window=int(window),
+                          **setting.allocation_options)
     except HeadprobeError as exc:
         raise HeadprobeError(f"setting {setting.label}: {exc}") from None
+    if bm.granularity != "kv_head":
+        raise HeadprobeError(f"setting {setting.label}: the map is allocated per query head (compat=headkv); the "
+                             "cache keeps budgets per KV head")
+    return bm
 
 
 @dataclass

@@ -193,6 +193,8 @@ def test_allocation_options_reach_the_budget_map(tmp_path):
     want = allocate("headkv", [Profile.load(path)], SMOL, capacity=64, window=8, beta=1.01)
     assert bm.method["beta"] == 1.01 and bm.budgets == want.budgets
     assert resolve_budget(lm, plain).budgets != bm.budgets and resolve_budget(lm, plain).method["beta"] == 1.2
+    with pytest.raises(HeadprobeError, match=r"compat=headkv\]@64: the map is allocated per query head"):
+        resolve_budget(lm, expand_settings([f"snapkv:headkv:{path}[compat=headkv]"], [64])[0])
     steep = resolve_budget(lm, expand_settings(["pyramid[taper=5]"], [64])[0])
     assert steep.method["beta"] == 5.0
     assert steep.budgets == allocate("pyramid", model=SMOL, capacity=64, window=8, taper=5).budgets
