@@ -1,6 +1,6 @@
 """``headprobe allocate``: turn profiles into a budget map.
 
-The option flags are made from the allocators' options dataclasses (:class:`headprobe.allocation.CapacityOptions`
+The option flags are made from the allocators' options dataclasses (:class:`headprobe.CapacityOptions`
 and each method's ``Allocator.options``): a new option is a new field there, not a new flag here.
 """
 
@@ -8,25 +8,32 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import Any
 
 import headprobe as hp
-from headprobe.allocation import method_options
-from headprobe.allocation.options import CapacityOptions, OptionInfo
-from headprobe.allocation.registry import methods_reading, option_infos
 
 from .common_args import add_force_argument, add_model_argument
 
 
+def option_infos() -> dict[str, Any]:
+    """Every method option by name (an ``OptionInfo``), over the registered methods, in their order."""
+    out: dict[str, Any] = {}
+    for allocator in hp.ALLOCATORS.values():
+        for info in allocator.options.infos():
+            out.setdefault(info.name, info)
+    return out
+
+
 def _flags() -> dict[str, str]:
     """Library parameters whose flags are spelled differently (``allow_fallback`` → ``--fallback-uniform``)."""
-    infos = [*CapacityOptions.infos(), *option_infos().values()]
+    infos = [*hp.CapacityOptions.infos(), *option_infos().values()]
     return {i.name: i.flag for i in infos if i.flag != "--" + i.name.replace("_", "-")}
 
 
 FLAGS = _flags()
 
 
-def _add_flag(p: argparse.ArgumentParser, info: OptionInfo, default: object, note: str = "") -> None:
+def _add_flag(p: argparse.ArgumentParser, info: Any, default: object, note: str = "") -> None:
     """One flag for one option: a switch for a bool, else a value of the option's type (and choices)."""
     text = info.help + note
     if info.cli_type is bool:
@@ -52,14 +59,15 @@ def register(sub, formatter) -> None:
     p.add_argument("--profile", action="append", default=[], metavar="FILE",
                    help="profile file (repeat for combined: head scores and layer retention)")
     p.add_argument("--method", default="headkv", help=f"{', '.join(hp.ALLOCATORS)} (see the methods above)")
-    for info in CapacityOptions.infos():
+    for info in hp.CapacityOptions.infos():
         _add_flag(p, info, info.default)
     group = p.add_argument_group("method options", "each read by the methods named after it; giving one the "
                                  "method does not read is refused")
     for info in option_infos().values():
         default = "" if info.default is None or info.cli_type is bool else f"; default {info.default:g}" \
             if isinstance(info.default, float) else f"; default {info.default}"
-        _add_flag(group, info, argparse.SUPPRESS, f" (methods: {', '.join(methods_reading(info.name))}{default})")
+        readers = [a.name for a in hp.ALLOCATORS.values() if info.name in a.options.names()]
+        _add_flag(group, info, argparse.SUPPRESS, f" (methods: {', '.join(readers)}{default})")
     p.add_argument("-o", "--output", default=None, help="budget file (default: budgets/<model>.<method>….json)")
     add_force_argument(p)
     p.set_defaults(func=run)
@@ -83,7 +91,7 @@ def run(args) -> int:
     needs = allocator.needs if allocator is not None else ()
     given = {name: getattr(args, name) for name in option_infos() if hasattr(args, name)}
     if allocator is not None:       # an option the method does not read: refused before any file is read
-        method_options(allocator, given)
+        allocator.check_options(given)
     profiles = [hp.load_profile(p) for p in args.profile]
     paths = list(args.profile)
     model = None
@@ -101,7 +109,7 @@ def run(args) -> int:
                 print(f"profile: {found.path}")
         if model is None:
             model = profiles[0].model
-    capacity = {name: getattr(args, name) for name in CapacityOptions.names()}
+    capacity = {name: getattr(args, name) for name in hp.CapacityOptions.names()}
     bm = hp.allocate(args.method, profiles, model, source_paths=paths, **capacity, **given)
     out = args.output if args.output is not None else default_output(bm)
     hp.check_overwrite(out, args.force)

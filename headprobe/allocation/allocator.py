@@ -5,13 +5,15 @@ Each method's module defines one :class:`Allocator` (``ALLOCATOR``); :mod:`.regi
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from ..budget_map import BudgetMap
+from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from ..profile import Profile
-from .options import AllocatorOptions, CapacityOptions
+from .options import AllocatorOptions, CapacityOptions, spelled
 
 #: What a method can read from profiles → (the profile kind looked up when none is given, in words).
 NEEDS: dict[str, tuple[str, str]] = {
@@ -59,6 +61,29 @@ class Allocator:
     def default_kinds(self) -> tuple[str, ...]:
         """The profile kinds looked up for ``needs`` when no profile is given."""
         return tuple(NEEDS[n][0] for n in self.needs)
+
+    def check_options(self, given: Mapping[str, Any]) -> AllocatorOptions:
+        """The method's options from ``{name: value}``, checked (names, types and values).
+
+        Raises
+        ------
+        HeadprobeError
+            An option the method does not read (naming the registered methods that read it), or a bad
+            value.
+        """
+        from .registry import methods_reading
+
+        names = self.options.names()
+        for name, value in given.items():
+            if name not in names:
+                readers = methods_reading(name)
+                own = ", ".join(spelled(n) for n in names) or "none"
+                if readers:
+                    raise HeadprobeError(f"{spelled(name, value)}: does not apply to method {self.name} (read by "
+                                         f"{', '.join(readers)}; {self.name}'s options: {own})")
+                raise HeadprobeError(f"{spelled(name, value)}: no such option of method {self.name} (its "
+                                     f"options: {own})")
+        return self.options(**given)
 
 
 __all__: Sequence[str] = ("NEEDS", "Allocator", "Source")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -14,8 +14,8 @@ from ..errors import FileFormatError, HeadprobeError
 from ..models.identity import ModelIdentity
 from ..paths import shipped_profiles_dir, user_profiles_dir
 from ..profile import Profile
-from .options import AllocatorOptions, CapacityOptions, spelled
-from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Allocator, Source, methods_reading
+from .options import CapacityOptions
+from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source
 
 #: The method names, in the order help texts list them (as registered when headprobe was imported).
 METHODS = tuple(ALLOCATORS)
@@ -63,7 +63,7 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
     allocator = ALLOCATORS.get(method)
     if allocator is None:
         raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(ALLOCATORS)}")
-    chosen = method_options(allocator, {k: v for k, v in options.items() if v is not None})
+    chosen = allocator.check_options({k: v for k, v in options.items() if v is not None})
     capacity_options = CapacityOptions(capacity=capacity, ratio=ratio, prompt_len=prompt_len, clamp=clamp,
                                        window=window, sink=sink)
     profiles = list(profiles)
@@ -81,27 +81,6 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
         raise HeadprobeError(f"method {method} needs " + " and ".join(NEEDS[n][1] for n in allocator.needs)
                              + f"; make one with `headprobe profile --probe {kinds}`")
     return allocator.run(model, sources, capacity_options, chosen)
-
-
-def method_options(allocator: Allocator, given: Mapping[str, Any]) -> AllocatorOptions:
-    """The method's options from ``{name: value}``, checked (types and values).
-
-    Raises
-    ------
-    HeadprobeError
-        An option the method does not read (naming the methods that read it), or a bad value.
-    """
-    names = allocator.options.names()
-    for name, value in given.items():
-        if name not in names:
-            readers = methods_reading(name)
-            own = ", ".join(spelled(n) for n in names) or "none"
-            if readers:
-                raise HeadprobeError(f"{spelled(name, value)}: does not apply to method {allocator.name} (read by "
-                                     f"{', '.join(readers)}; {allocator.name}'s options: {own})")
-            raise HeadprobeError(f"{spelled(name, value)}: no such option of method {allocator.name} (its options: "
-                                 f"{own})")
-    return allocator.options(**given)
 
 
 def _provides(profile: Profile, need: str) -> bool:
@@ -222,6 +201,6 @@ def summarize(bm: BudgetMap) -> str:
 
 
 __all__: Sequence[str] = ("DEFAULT_BETA", "METHODS", "FoundProfile", "allocate", "find_profiles", "load_profile",
-                          "method_options", "newest_profile", "profile_search_dirs", "profiles_for_method",
+                          "newest_profile", "profile_search_dirs", "profiles_for_method",
                           "summarize")
 

@@ -24,7 +24,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from ..allocation.api import method_options
 from ..allocation.options import format_option_value, spelled_as_setting_options
 from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
@@ -263,7 +262,7 @@ def _route(written: str, policy: str, allocation: str | None,
     if allocator is not None:
         try:
             with spelled_as_setting_options():
-                method_options(allocator, to_alloc)
+                allocator.check_options(to_alloc)
         except HeadprobeError as exc:
             raise HeadprobeError(f"{param('spec', written)}: {exc}") from None
     return to_policy, to_alloc
