@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import numbers
 import types
 import typing
 from collections.abc import Iterator, Mapping, Sequence
@@ -102,9 +103,9 @@ class OptionInfo:
             return False
         if isinstance(value, bool):
             return bool in self.types
-        if isinstance(value, int):
+        if isinstance(value, numbers.Integral):         # NumPy integers too
             return int in self.types or float in self.types
-        if isinstance(value, float):
+        if isinstance(value, numbers.Real):
             return float in self.types
         if isinstance(value, str):
             return str in self.types
@@ -169,7 +170,8 @@ class AllocatorOptions(OptionSet):
 class CapacityOptions(OptionSet):
     """What every allocator reads: how many tokens per KV head, and which ones every head keeps.
 
-    Checked by :func:`~headprobe.allocation.common.resolve_capacity` when the allocator runs.
+    Checked by :func:`~headprobe.allocation.common.resolve_capacity` when the allocator runs (with its
+    messages: ``capacity=128.5: expected a whole number of tokens ...``), not here.
     """
 
     capacity: int | None = option(128, "average tokens per KV head, window included")
@@ -178,6 +180,9 @@ class CapacityOptions(OptionSet):
     clamp: bool = option(False, "clamp budgets to --prompt-len, redistributing the excess")
     window: int = option(8, "last prompt tokens every head keeps")
     sink: int = option(0, "first prompt tokens every head keeps")
+
+    def __post_init__(self) -> None:
+        """Nothing to check yet: :func:`~headprobe.allocation.common.resolve_capacity` checks every value."""
 
 
 def format_option_value(value: Any) -> str:

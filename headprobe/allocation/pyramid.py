@@ -10,6 +10,7 @@ and sink are added to every head.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,7 +31,7 @@ DEFAULT_TAPER = 20.0
 
 def check_taper(taper: float) -> float:
     """The taper must be a finite number above 1 (at 1 every layer gets ``b``, below 1 the line tips over)."""
-    if isinstance(taper, bool) or not isinstance(taper, (int, float)) or not math.isfinite(taper) or not taper > 1:
+    if isinstance(taper, bool) or not isinstance(taper, numbers.Real) or not math.isfinite(taper) or not taper > 1:
         raise HeadprobeError(f"{spelled('taper', taper)}: expected a number larger than 1 (the mean layer budget "
                              "over the last layer's)")
     return float(taper)

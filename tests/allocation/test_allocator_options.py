@@ -172,3 +172,11 @@ def test_a_registered_allocator_gets_its_flag_and_its_setting_options(toy, tmp_p
     setting, = expand_settings(["snapkv:toy[bonus=3,window=16]"], [64])
     assert setting.allocation_options == {"bonus": 3} and setting.options == {"window": 16}
     assert EvalSetting.parse(setting.label) == setting
+
+
+def test_numpy_numbers_are_options_and_capacities_as_before():
+    bm = allocate("pyramid", model=SMOL, capacity=np.int64(64), window=np.int64(8), taper=np.float32(20))
+    assert bm.budgets == allocate("pyramid", model=SMOL, capacity=64).budgets and bm.method["capacity"] == 64
+    assert allocate("headkv", [head_profile()], beta=np.float64(1.5), reduction=None).method["beta"] == 1.5
+    with pytest.raises(HeadprobeError, match=r"capacity=64.0: expected a whole number of tokens from 1 to"):
+        allocate("uniform", model=SMOL, capacity=64.0)
