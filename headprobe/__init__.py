@@ -85,7 +85,8 @@ _API: dict[str, dict[str, str]] = {
     # allocation: profiles → per-head budget maps
     "allocation": {
         "ALLOCATORS": "allocation.registry",
-        "Allocator": "allocation.registry",
+        "Allocator": "allocation.allocator",
+        "CapacityOptions": "allocation.options",
         "allocate": "allocation.api",
         "load_profile": "allocation.api",
         "newest_profile": "allocation.api",

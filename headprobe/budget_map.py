@@ -6,12 +6,13 @@ A budget map is ``{"format": "headprobe.budget", "version": 1, ...}``; see ``doc
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import FileFormatError
+from .errors import FileFormatError, HeadprobeError
 from .files.jsonio import atomic_write_json, read_headprobe_file, require, require_matrix
 from .limits import MAX_TOKENS
 from .models.identity import ModelIdentity
@@ -78,7 +79,23 @@ class BudgetMap:
         }
 
     def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_json())
+        """Write the map, once :meth:`from_json` (the reader every command uses) accepts it.
+
+        Raises
+        ------
+        HeadprobeError
+            A map its own reader would refuse (negative budgets, shares that do not sum to 1, ...):
+            nothing is written.
+        """
+        obj = self.to_json()
+        try:
+            BudgetMap.from_json(json.loads(json.dumps(obj, allow_nan=False)), path)
+        except FileFormatError as exc:
+            raise HeadprobeError(f"{path}: not written, its reader would refuse it: field '{exc.field}': "
+                                 f"{exc.expected}") from None
+        except ValueError as exc:     # NaN or infinity
+            raise HeadprobeError(f"{path}: not written, its reader would refuse it ({exc})") from None
+        return atomic_write_json(path, obj)
 
     @classmethod
     def from_json(cls, obj: dict, path: object = "<budget>") -> BudgetMap:
@@ -97,10 +114,18 @@ class BudgetMap:
             raise FileFormatError(path, "shares", "expected non-negative values summing to 1")
         if any(b < 0 for row in budgets for b in row):
             raise FileFormatError(path, "budgets", "expected non-negative token counts")
-        totals = obj.get("totals")
-        if isinstance(totals, dict) and "total" in totals and totals["total"] != sum(map(sum, budgets)):
+        totals = require(obj, "totals", dict, path)
+        if require(totals, "total", int, path, "totals.") != sum(map(sum, budgets)):
             raise FileFormatError(path, "totals.total",
                                   f"expected {sum(map(sum, budgets))} (the sum of budgets), found {totals['total']}")
+        if "per_layer" in totals:
+            found = totals["per_layer"]
+            if not isinstance(found, list) or len(found) != len(budgets):
+                raise FileFormatError(path, "totals.per_layer", f"expected {len(budgets)} layer totals")
+            for i, (row, n) in enumerate(zip(budgets, found, strict=True)):
+                if n != sum(row):
+                    raise FileFormatError(path, f"totals.per_layer[{i}]",
+                                          f"expected {sum(row)} (the sum of layer {i}'s budgets), found {n!r}")
         return cls(model=model, method=method, shares=shares, budgets=budgets, granularity=granularity,
                    created=str(obj.get("created", "")))
 

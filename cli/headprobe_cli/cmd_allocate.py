@@ -1,15 +1,46 @@
-"""``headprobe allocate``: turn profiles into a budget map."""
+"""``headprobe allocate``: turn profiles into a budget map.
+
+The option flags are made from the allocators' options dataclasses (:class:`headprobe.CapacityOptions`
+and each method's ``Allocator.options``): a new option is a new field there, not a new flag here.
+"""
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 import headprobe as hp
 
 from .common_args import add_force_argument, add_model_argument
 
-#: Library parameters whose flags are spelled differently.
-FLAGS = {"allow_fallback": "--fallback-uniform"}
+
+def option_infos() -> dict[str, Any]:
+    """Every method option by name (an ``OptionInfo``), over the registered methods, in their order."""
+    out: dict[str, Any] = {}
+    for allocator in hp.ALLOCATORS.values():
+        for info in allocator.options.infos():
+            out.setdefault(info.name, info)
+    return out
+
+
+def _flags() -> dict[str, str]:
+    """Library parameters whose flags are spelled differently (``allow_fallback`` → ``--fallback-uniform``)."""
+    infos = [*hp.CapacityOptions.infos(), *option_infos().values()]
+    return {i.name: i.flag for i in infos if i.flag != "--" + i.name.replace("_", "-")}
+
+
+FLAGS = _flags()
+
+
+def _add_flag(p: argparse.ArgumentParser, info: Any, default: object, note: str = "") -> None:
+    """One flag for one option: a switch for a bool, else a value of the option's type (and choices)."""
+    text = info.help + note
+    if info.cli_type is bool:
+        p.add_argument(info.flag, dest=info.name, action="store_true", default=default, help=text)
+    else:
+        p.add_argument(info.flag, dest=info.name, type=info.cli_type, default=default, choices=info.choices,
+                       help=text)
 
 
 def register(sub, formatter) -> None:
@@ -21,38 +52,48 @@ def register(sub, formatter) -> None:
                     + "\n".join(f"  {a.name:<10} {a.description}" for a in hp.ALLOCATORS.values()),
         epilog="examples:\n  headprobe allocate --beta 1.01\n"
                "  headprobe allocate --method combined --profile r2.json --profile layers.json --task code\n"
+               "  headprobe allocate --method pyramid --model smollm2-135m --taper 10\n"
                "  headprobe allocate --profile llama3_r2.json --compat headkv --beta 1.5")
     add_model_argument(p, default=None, help=f"alias, HF id or folder (default: {hp.DEFAULT_MODEL}, or the "
                        "model of --profile)")
     p.add_argument("--profile", action="append", default=[], metavar="FILE",
                    help="profile file (repeat for combined: head scores and layer retention)")
     p.add_argument("--method", default="headkv", help=f"{', '.join(hp.ALLOCATORS)} (see the methods above)")
-    p.add_argument("--beta", type=float, default=None, help="HeadKV β > 1 (default 1.2); PyramidKV's (default 20)")
-    p.add_argument("--capacity", type=int, default=128, help="average tokens per KV head, window included")
-    p.add_argument("--ratio", type=float, default=None, help="capacity as a share of --prompt-len instead")
-    p.add_argument("--prompt-len", type=int, default=None, help="prompt length for --ratio and --clamp")
-    p.add_argument("--clamp", action="store_true", help="clamp budgets to --prompt-len, redistributing the excess")
-    p.add_argument("--window", type=int, default=8, help="last prompt tokens every head keeps")
-    p.add_argument("--sink", type=int, default=0, help="first prompt tokens every head keeps")
-    p.add_argument("--temperature", type=float, default=None, help="score temperature (>1 flattens, <1 sharpens)")
-    p.add_argument("--reduction", default=None, help="query→KV head reduction: mean, max or sum "
-                   "(default: the profile's)")
-    p.add_argument("--task", default=None, help="layer-retention task, or a mix like qa:0.7,code:0.3 "
-                   "(default: equal mix of all tasks)")
-    p.add_argument("--compat", default=None, choices=["headkv"], help="reproduce HeadKV's arithmetic exactly "
-                   "(query-head granularity, no clamp)")
-    p.add_argument("--fallback-uniform", action="store_true",
-                   help="allocate uniformly when the profile's scores are all zero or NaN (default: refuse)")
+    for info in hp.CapacityOptions.infos():
+        _add_flag(p, info, info.default)
+    group = p.add_argument_group("method options", "each read by the methods named after it; giving one the "
+                                 "method does not read is refused")
+    for info in option_infos().values():
+        default = "" if info.default is None or info.cli_type is bool else f"; default {info.default:g}" \
+            if isinstance(info.default, float) else f"; default {info.default}"
+        readers = [a.name for a in hp.ALLOCATORS.values() if info.name in a.options.names()]
+        _add_flag(group, info, argparse.SUPPRESS, f" (methods: {', '.join(readers)}{default})")
     p.add_argument("-o", "--output", default=None, help="budget file (default: budgets/<model>.<method>….json)")
     add_force_argument(p)
     p.set_defaults(func=run)
 
 
+def default_output(bm: hp.BudgetMap) -> Path:
+    """``budgets/<model>.<method>[-compat].cap<C>[.<option><value>...].json``, naming the options whose
+    declaration gives a file-name prefix (HeadKV's β, PyramidKV's taper)."""
+    m = bm.method
+    parts = [hp.model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
+             f"cap{m['capacity']}"]
+    allocator = hp.ALLOCATORS.get(m["allocator"])
+    for info in allocator.options.infos() if allocator is not None else ():
+        if info.filename and m.get(info.record) is not None:
+            parts.append(f"{info.filename}{m[info.record]:g}")
+    return Path("budgets") / (".".join(parts) + ".json")
+
+
 def run(args) -> int:
-    profiles = [hp.load_profile(p) for p in args.profile]
-    paths = list(args.profile)
     allocator = hp.ALLOCATORS.get(args.method)   # an unknown method is refused by allocate, in one line
     needs = allocator.needs if allocator is not None else ()
+    given = {name: getattr(args, name) for name in option_infos() if hasattr(args, name)}
+    if allocator is not None:       # an option the method does not read: refused before any file is read
+        allocator.check_options(given)
+    profiles = [hp.load_profile(p) for p in args.profile]
+    paths = list(args.profile)
     model = None
     if args.model is not None or not profiles:
         name = args.model or hp.DEFAULT_MODEL
@@ -68,16 +109,9 @@ def run(args) -> int:
                 print(f"profile: {found.path}")
         if model is None:
             model = profiles[0].model
-    bm = hp.allocate(args.method, profiles, model, capacity=args.capacity, window=args.window, sink=args.sink,
-                     beta=args.beta, ratio=args.ratio, prompt_len=args.prompt_len, temperature=args.temperature,
-                     reduction=args.reduction, task=hp.parse_task_mix(args.task), compat=args.compat,
-                     clamp=args.clamp, allow_fallback=args.fallback_uniform, source_paths=paths)
-    out = args.output
-    if out is None:
-        m = bm.method
-        parts = [hp.model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
-                 f"cap{m['capacity']}"] + ([f"beta{m['beta']:g}"] if m.get("beta") is not None else [])
-        out = Path("budgets") / (".".join(parts) + ".json")
+    capacity = {name: getattr(args, name) for name in hp.CapacityOptions.names()}
+    bm = hp.allocate(args.method, profiles, model, source_paths=paths, **capacity, **given)
+    out = args.output if args.output is not None else default_output(bm)
     hp.check_overwrite(out, args.force)
     bm.save(out)
     print(hp.summarize(bm))

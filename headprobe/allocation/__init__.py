@@ -1,11 +1,13 @@
 """KV-cache budget allocation: turn profiles into per (layer, KV head) token budgets.
 
-Allocators (one module each): :mod:`.headkv` (HeadKV, with ``compat="headkv"``), :mod:`.dynamickv_offline`,
-:mod:`.combined` (DynamicKV layer budgets split by head scores), :mod:`.uniform` (SnapKV),
-:mod:`.pyramid` (PyramidKV); :data:`ALLOCATORS` names them with what each reads, and :func:`allocate` runs
-one by name. :func:`clamp_and_redistribute` fits budgets to a prompt at run time.
+Allocators (one module each, each defining its options dataclass and its ``ALLOCATOR``): :mod:`.headkv`
+(HeadKV, with ``compat="headkv"``), :mod:`.dynamickv_offline`, :mod:`.combined` (DynamicKV layer budgets
+split by head scores), :mod:`.uniform` (SnapKV), :mod:`.pyramid` (PyramidKV); :data:`ALLOCATORS` names them
+with what each reads and its options, and :func:`allocate` runs one by name. :func:`clamp_and_redistribute`
+fits budgets to a prompt at run time.
 """
 
+from .allocator import Allocator
 from .api import (
     METHODS,
     FoundProfile,
@@ -18,21 +20,36 @@ from .api import (
     summarize,
 )
 from .clamp import clamp_and_redistribute, clamp_for_model, scale_to_prompt
-from .combined import allocate_combined, split_layer_pools
+from .combined import CombinedOptions, allocate_combined, split_layer_pools
 from .common import Capacity, largest_remainder, prepare_scores, resolve_capacity
-from .dynamickv_offline import allocate_dynamickv, parse_task_mix, retention_shares
-from .headkv import allocate_headkv, headkv_budgets, headkv_compat_budgets, headkv_floor
-from .pyramid import allocate_pyramid, pyramid_layer_weights
-from .registry import ALLOCATORS, DEFAULT_BETA, Allocator
+from .dynamickv_offline import DynamicKVOptions, allocate_dynamickv, parse_task_mix, retention_shares
+from .headkv import (
+    DEFAULT_BETA,
+    HeadKVOptions,
+    allocate_headkv,
+    headkv_budgets,
+    headkv_compat_budgets,
+    headkv_floor,
+)
+from .options import AllocatorOptions, CapacityOptions
+from .pyramid import DEFAULT_TAPER, PyramidOptions, allocate_pyramid, pyramid_layer_weights
+from .registry import ALLOCATORS
 from .uniform import allocate_uniform
 
 __all__ = [
     "ALLOCATORS",
     "DEFAULT_BETA",
+    "DEFAULT_TAPER",
     "METHODS",
     "Allocator",
+    "AllocatorOptions",
     "Capacity",
+    "CapacityOptions",
+    "CombinedOptions",
+    "DynamicKVOptions",
     "FoundProfile",
+    "HeadKVOptions",
+    "PyramidOptions",
     "allocate",
     "allocate_combined",
     "allocate_dynamickv",

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -13,9 +14,10 @@ from ..errors import FileFormatError, HeadprobeError
 from ..models.identity import ModelIdentity
 from ..paths import shipped_profiles_dir, user_profiles_dir
 from ..profile import Profile
+from .options import CapacityOptions
 from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source
 
-#: The method names, in the order help texts list them.
+#: The method names, in the order help texts list them (as registered when headprobe was imported).
 METHODS = tuple(ALLOCATORS)
 
 
@@ -28,11 +30,9 @@ class FoundProfile:
 
 
 def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: ModelIdentity | None = None, *,
-             capacity: int | None = 128, window: int = 8, sink: int = 0, beta: float | None = None,
-             ratio: float | None = None, prompt_len: int | None = None, temperature: float | None = None,
-             reduction: str | None = None, task: str | Mapping[str, float] | None = None,
-             compat: str | None = None, clamp: bool = False, allow_fallback: bool = False,
-             source_paths: Sequence[str | None] | None = None) -> BudgetMap:
+             capacity: int | None = 128, window: int = 8, sink: int = 0, ratio: float | None = None,
+             prompt_len: int | None = None, clamp: bool = False, source_paths: Sequence[str | None] | None = None,
+             **options: Any) -> BudgetMap:
     """Allocate a budget map with the named method (a key of :data:`~.registry.ALLOCATORS`).
 
     Parameters
@@ -44,22 +44,28 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
         The profiles the method reads; every one must fit ``model``.
     model
         The model to allocate for (default: the first profile's model).
-    beta
-        HeadKV's β (default 1.2) for ``headkv``/``combined``; PyramidKV's β (default 20) for ``pyramid``.
+    capacity, window, sink, ratio, prompt_len, clamp
+        What every method reads (:class:`~.options.CapacityOptions`).
     source_paths
         The file each profile was loaded from, recorded in the map's ``method.sources``.
-
-    Other parameters are those of the allocator (see :mod:`headprobe.allocation`); a method ignores
-    those that do not apply to it.
+    **options
+        The method's own options, the fields of its options dataclass (``Allocator.options``):
+        ``beta``, ``temperature``, ``reduction``, ``allow_fallback`` (headkv, combined), ``compat``
+        (headkv), ``task`` (dynamickv, combined), ``taper`` (pyramid). ``None`` leaves an option at
+        its default.
 
     Raises
     ------
     HeadprobeError
-        Unknown method, missing or wrong profiles, bad parameters, or a profile of another model.
+        Unknown method, an option the method does not read, bad values, missing or wrong profiles, or
+        a profile of another model.
     """
     allocator = ALLOCATORS.get(method)
     if allocator is None:
         raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(ALLOCATORS)}")
+    chosen = allocator.check_options({k: v for k, v in options.items() if v is not None})
+    capacity_options = CapacityOptions(capacity=capacity, ratio=ratio, prompt_len=prompt_len, clamp=clamp,
+                                       window=window, sink=sink)
     profiles = list(profiles)
     paths = list(source_paths) if source_paths is not None else [None] * len(profiles)
     paths += [None] * (len(profiles) - len(paths))
@@ -69,16 +75,12 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
         model = profiles[0].model
     for p in profiles:
         p.model.check_fits(model, what=f"{p.kind} profile")
-    if compat is not None and method != "headkv":
-        raise HeadprobeError(f"compat={compat!r} exists only for method headkv")
-    sources = _match_needs(allocator.needs, list(zip(profiles, paths)))
+    sources = _match_needs(allocator.needs, list(zip(profiles, paths[:len(profiles)], strict=True)))
     if sources is None:
         kinds = " ".join(allocator.default_kinds)
         raise HeadprobeError(f"method {method} needs " + " and ".join(NEEDS[n][1] for n in allocator.needs)
                              + f"; make one with `headprobe profile --probe {kinds}`")
-    return allocator.run(model, sources, capacity=capacity, window=window, sink=sink, beta=beta, ratio=ratio,
-                         prompt_len=prompt_len, temperature=temperature, reduction=reduction, task=task,
-                         compat=compat, clamp=clamp, allow_fallback=allow_fallback)
+    return allocator.run(model, sources, capacity_options, chosen)
 
 
 def _provides(profile: Profile, need: str) -> bool:
@@ -178,12 +180,16 @@ def load_profile(path: str | Path) -> Profile:
 
 
 def summarize(bm: BudgetMap) -> str:
-    """A few lines: method, total, min/median/max per head, per-layer totals."""
+    """A few lines: method and parameters, total, min/median/max per head, per-layer totals."""
     b = np.asarray(bm.budgets, dtype=np.int64)
     m = bm.method
     unit = "KV head" if bm.granularity == "kv_head" else "query head"
-    params = ", ".join(f"{k} {m[k]}" for k in ("beta", "capacity", "ratio", "window", "sink", "temperature",
-                                               "reduction", "compat", "clamped_to") if m.get(k) is not None)
+    allocator = ALLOCATORS.get(m["allocator"])
+    # a recorded key under an option's name: PyramidKV's taper is recorded as ``beta``
+    shown = {i.record: i.name for i in allocator.options.infos()} if allocator is not None else {}
+    params = ", ".join(f"{shown.get(k, k)} {m[k]}" for k in ("beta", "capacity", "ratio", "window", "sink",
+                                                            "temperature", "reduction", "compat", "clamped_to")
+                       if m.get(k) is not None)
     flat = np.sort(b.ravel())
     lines = [
         f"{bm.model.name}: {m['allocator']} ({params})",
@@ -195,5 +201,6 @@ def summarize(bm: BudgetMap) -> str:
 
 
 __all__: Sequence[str] = ("DEFAULT_BETA", "METHODS", "FoundProfile", "allocate", "find_profiles", "load_profile",
-                          "newest_profile", "profile_search_dirs", "profiles_for_method", "summarize")
+                          "newest_profile", "profile_search_dirs", "profiles_for_method",
+                          "summarize")
 

@@ -8,6 +8,7 @@ the layer, with exact integer rounding per layer. Every head also keeps the wind
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from ..profile import Profile
+from .allocator import Allocator, Source
 from .clamp import clamp_for_model
 from .common import (
     build_budget_map,
@@ -27,7 +29,20 @@ from .common import (
     resolve_capacity,
     source_entry,
 )
-from .dynamickv_offline import layer_pools, retention_shares
+from .dynamickv_offline import layer_pools, retention_shares, task_mix, task_option
+from .headkv import DEFAULT_BETA, HeadScoreOptions
+from .options import CapacityOptions
+
+
+@dataclass(frozen=True)
+class CombinedOptions(HeadScoreOptions):
+    """The combined allocation's options: the head-score split's (β inside each layer) and DynamicKV's task."""
+
+    task: str | Mapping[str, float] | None = task_option()
+
+    def check(self) -> None:
+        super().check()
+        task_mix(self.task)
 
 
 def split_layer_pools(pools: np.ndarray, scores: np.ndarray, beta: float) -> np.ndarray:
@@ -59,7 +74,7 @@ def split_layer_pools(pools: np.ndarray, scores: np.ndarray, beta: float) -> np.
 
 
 def allocate_combined(head_profile: Profile, layer_profile: Profile, model: ModelIdentity | None = None, *,
-                      capacity: int | None = 128, window: int = 8, sink: int = 0, beta: float = 1.2,
+                      capacity: int | None = 128, window: int = 8, sink: int = 0, beta: float = DEFAULT_BETA,
                       ratio: float | None = None, prompt_len: int | None = None,
                       task: str | Mapping[str, float] | None = None, temperature: float | None = None,
                       reduction: str | None = None, clamp: bool = False, allow_fallback: bool = False,
@@ -86,4 +101,14 @@ def allocate_combined(head_profile: Profile, layer_profile: Profile, model: Mode
     return build_budget_map(model, budgets, method)
 
 
-__all__: Sequence[str] = ("allocate_combined", "split_layer_pools")
+def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
+         options: CombinedOptions) -> BudgetMap:
+    (heads, heads_path), (layers, layers_path) = sources
+    return allocate_combined(heads, layers, model, **{**options.as_dict(), "task": task_mix(options.task)},
+                             source_paths=(heads_path, layers_path), **capacity.as_dict())
+
+
+ALLOCATOR = Allocator("combined", ("head_scores", "layer_retention"), "DynamicKV layer budgets split inside each "
+                      "layer by head scores (beta as in headkv)", CombinedOptions, _run)
+
+__all__: Sequence[str] = ("ALLOCATOR", "CombinedOptions", "allocate_combined", "split_layer_pools")

@@ -8,7 +8,6 @@ break ties deterministically by (layer, head).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +18,7 @@ from ..errors import HeadprobeError, param
 from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import GROUP_REDUCTIONS, Profile, reduce_groups
+from .options import spelled
 
 
 @dataclass(frozen=True)
@@ -84,6 +84,13 @@ def check_beta(beta: float) -> float:
     if not isinstance(beta, (int, float)) or isinstance(beta, bool) or not math.isfinite(beta) or beta <= 1:
         raise HeadprobeError(f"beta must be a number larger than 1, got {beta!r}")
     return float(beta)
+
+
+def check_temperature(temperature: float | None) -> None:
+    """A score temperature must be unset or a positive finite number."""
+    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
+                                    or not math.isfinite(temperature) or temperature <= 0):
+        raise HeadprobeError(f"{spelled('temperature', temperature)}: expected a positive finite number")
 
 
 def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
@@ -161,9 +168,7 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
         Scores below ``-NEGATIVE_NOISE``, or all-zero / NaN scores without ``allow_fallback``.
     """
     s = np.asarray(scores, dtype=np.float64)
-    if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
-                                    or not math.isfinite(temperature) or temperature <= 0):
-        raise HeadprobeError(f"{param('temperature', temperature)}: expected a positive finite number")
+    check_temperature(temperature)
     bad = None
     if not np.all(np.isfinite(s)):
         bad = "has NaN or infinite scores"
@@ -175,7 +180,7 @@ def prepare_scores(scores: Any, temperature: float | None = None, allow_fallback
             bad = "has all-zero scores"
     if bad:
         if not allow_fallback:
-            raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass {param('allow_fallback', True)} "
+            raise HeadprobeError(f"{what} {bad}: nothing to allocate by (pass {spelled('allow_fallback', True)} "
                                  "to allocate uniformly instead)")
         return np.full(s.shape, 1.0 / s.size), True
     with np.errstate(over="ignore"):
@@ -257,5 +262,3 @@ def method_block(allocator: str, cap: Capacity, **extra: Any) -> dict[str, Any]:
     return out
 
 
-def as_int_matrix(values: Sequence[Sequence[int]] | np.ndarray) -> np.ndarray:
-    return np.asarray(values, dtype=np.int64)

@@ -9,6 +9,8 @@ heads of each layer, with the window (and sink) added to every head.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -16,6 +18,7 @@ from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from ..profile import Profile
+from .allocator import Allocator, Source
 from .clamp import clamp_for_model
 from .common import (
     build_budget_map,
@@ -25,6 +28,7 @@ from .common import (
     resolve_capacity,
     source_entry,
 )
+from .options import AllocatorOptions, CapacityOptions, option
 
 
 def parse_task_mix(text: str | None) -> str | dict[str, float] | None:
@@ -39,6 +43,27 @@ def parse_task_mix(text: str | None) -> str | dict[str, float] | None:
         except ValueError:
             raise HeadprobeError(f"task mix {text!r}: weight {weight!r} of {name!r} is not a number") from None
     return mix
+
+
+def task_option() -> Any:
+    """The ``task`` option (``dynamickv``, ``combined``): a task name or a mix, as text or a mapping."""
+    return option(None, "layer-retention task, or a mix like qa:0.7,code:0.3 (default: the equal mix of every "
+                  "task in the profile)", commas=True)
+
+
+def task_mix(task: str | Mapping[str, float] | None) -> str | Mapping[str, float] | None:
+    """The ``task`` option as :func:`retention_shares` reads it (a mix's text parsed, see :func:`parse_task_mix`)."""
+    return parse_task_mix(task) if isinstance(task, str) else task
+
+
+@dataclass(frozen=True)
+class DynamicKVOptions(AllocatorOptions):
+    """DynamicKV's options: which task type's layer shares to allocate by."""
+
+    task: str | Mapping[str, float] | None = task_option()
+
+    def check(self) -> None:
+        task_mix(self.task)
 
 
 def retention_shares(profile: Profile, task: str | Mapping[str, float] | None = None) -> tuple[np.ndarray, dict]:
@@ -115,5 +140,14 @@ def allocate_dynamickv(profile: Profile, model: ModelIdentity | None = None, *, 
     return build_budget_map(model, budgets, method)
 
 
-__all__: Sequence[str] = ("allocate_dynamickv", "layer_pools", "parse_task_mix", "retention_shares",
-                          "spread_evenly")
+def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
+         options: DynamicKVOptions) -> BudgetMap:
+    (profile, path), = sources
+    return allocate_dynamickv(profile, model, task=task_mix(options.task), source_path=path, **capacity.as_dict())
+
+
+ALLOCATOR = Allocator("dynamickv", ("layer_retention",), "DynamicKV offline: layer budgets by layer retention "
+                      "(task mix), even over each layer's KV heads", DynamicKVOptions, _run)
+
+__all__: Sequence[str] = ("ALLOCATOR", "DynamicKVOptions", "allocate_dynamickv", "layer_pools", "parse_task_mix",
+                          "retention_shares", "spread_evenly", "task_mix", "task_option")

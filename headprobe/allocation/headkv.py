@@ -15,18 +15,22 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
-from ..profile import Profile
+from ..profile import GROUP_REDUCTIONS, Profile
+from .allocator import Allocator, Source
 from .clamp import clamp_for_model
 from .common import (
+    NEGATIVE_NOISE,
     build_budget_map,
     check_beta,
     check_profile_model,
+    check_temperature,
     kv_head_scores,
     largest_remainder,
     method_block,
@@ -34,8 +38,37 @@ from .common import (
     resolve_capacity,
     source_entry,
 )
+from .options import AllocatorOptions, CapacityOptions, option
 
 COMPAT_MODES = ("headkv",)
+
+#: HeadKV's β when none is given (headkv and combined).
+DEFAULT_BETA = 1.2
+
+
+@dataclass(frozen=True)
+class HeadScoreOptions(AllocatorOptions):
+    """Options of the allocators that split budgets by head scores (``headkv``, ``combined``)."""
+
+    beta: float = option(DEFAULT_BETA, "HeadKV's β > 1: 1/β of the tokens beyond the window follow the head "
+                         "scores, the rest is an even floor", filename="beta")
+    temperature: float | None = option(None, "score temperature: weights ∝ score^(1/T) (>1 flattens, <1 sharpens)")
+    reduction: str | None = option(None, "query→KV head reduction (default: the profile's own)",
+                                   choices=GROUP_REDUCTIONS)
+    allow_fallback: bool = option(False, "allocate uniformly when the profile's scores are all zero or NaN "
+                                  "(default: refuse)", flag="--fallback-uniform", record="fallback")
+
+    def check(self) -> None:
+        check_beta(self.beta)
+        check_temperature(self.temperature)
+
+
+@dataclass(frozen=True)
+class HeadKVOptions(HeadScoreOptions):
+    """HeadKV's options: those of every head-score split, and HeadKV's own arithmetic on request."""
+
+    compat: str | None = option(None, "reproduce HeadKV's arithmetic exactly (query-head granularity, no "
+                                "clamp, sink, ratio or temperature)", choices=COMPAT_MODES)
 
 
 def headkv_floor(capacity: int, window: int, beta: float, sink: int = 0) -> int:
@@ -47,7 +80,7 @@ def headkv_floor(capacity: int, window: int, beta: float, sink: int = 0) -> int:
     return window + sink + base - math.floor(base / beta)
 
 
-def headkv_budgets(scores, capacity: int = 128, window: int = 8, beta: float = 1.2, sink: int = 0,
+def headkv_budgets(scores, capacity: int = 128, window: int = 8, beta: float = DEFAULT_BETA, sink: int = 0,
                    temperature: float | None = None, allow_fallback: bool = False) -> np.ndarray:
     """Integer HeadKV budgets for a score matrix.
 
@@ -77,7 +110,7 @@ def headkv_budgets(scores, capacity: int = 128, window: int = 8, beta: float = 1
     return floor + largest_remainder(weights, cap.capacity * n - floor * n)
 
 
-def headkv_compat_budgets(query_scores, capacity: int = 128, window: int = 8, beta: float = 1.2) -> np.ndarray:
+def headkv_compat_budgets(query_scores, capacity: int = 128, window: int = 8, beta: float = DEFAULT_BETA) -> np.ndarray:
     """HeadKV's own arithmetic, reproduced to the token (its ``init_headkv``).
 
     Parameters
@@ -98,6 +131,9 @@ def headkv_compat_budgets(query_scores, capacity: int = 128, window: int = 8, be
     resolve_capacity(capacity, window, 0)
     s = np.asarray(query_scores, dtype=np.float64)
     layers, heads = s.shape
+    if np.any(s < -NEGATIVE_NOISE):   # HeadKV's arithmetic would give such a head less than nothing
+        raise HeadprobeError(f"compat=headkv: the profile has negative scores (min {s.min():.3g}); head scores "
+                             "must be >= 0")
     flat = list(s.ravel())
     total = sum(flat)
     if not math.isfinite(total) or total <= 0:
@@ -110,7 +146,7 @@ def headkv_compat_budgets(query_scores, capacity: int = 128, window: int = 8, be
 
 
 def allocate_headkv(profile: Profile, model: ModelIdentity | None = None, *, capacity: int | None = 128,
-                    window: int = 8, beta: float = 1.2, sink: int = 0, ratio: float | None = None,
+                    window: int = 8, beta: float = DEFAULT_BETA, sink: int = 0, ratio: float | None = None,
                     prompt_len: int | None = None, temperature: float | None = None,
                     reduction: str | None = None, compat: str | None = None, clamp: bool = False,
                     allow_fallback: bool = False, source_path: str | None = None) -> BudgetMap:
@@ -168,4 +204,15 @@ def allocate_headkv(profile: Profile, model: ModelIdentity | None = None, *, cap
     return build_budget_map(model, budgets, method)
 
 
-__all__: Sequence[str] = ("allocate_headkv", "headkv_budgets", "headkv_compat_budgets", "headkv_floor")
+def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
+         options: HeadKVOptions) -> BudgetMap:
+    (profile, path), = sources
+    return allocate_headkv(profile, model, **capacity.as_dict(), **options.as_dict(), source_path=path)
+
+
+ALLOCATOR = Allocator(
+    "headkv", ("head_scores",), f"HeadKV: a floor per head plus a pool split by head scores (beta, default "
+    f"{DEFAULT_BETA:g}; compat=headkv for HeadKV's own arithmetic)", HeadKVOptions, _run)
+
+__all__: Sequence[str] = ("ALLOCATOR", "DEFAULT_BETA", "HeadKVOptions", "HeadScoreOptions", "allocate_headkv",
+                          "headkv_budgets", "headkv_compat_budgets", "headkv_floor")

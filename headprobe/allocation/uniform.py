@@ -8,8 +8,10 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..models.identity import ModelIdentity
+from .allocator import Allocator, Source
 from .clamp import clamp_for_model
 from .common import build_budget_map, method_block, resolve_capacity
+from .options import AllocatorOptions, CapacityOptions
 
 
 def uniform_budgets(layers: int, heads: int, capacity: int) -> np.ndarray:
@@ -28,4 +30,11 @@ def allocate_uniform(model: ModelIdentity, *, capacity: int | None = 128, window
     return build_budget_map(model, budgets, method)
 
 
-__all__: Sequence[str] = ("allocate_uniform", "uniform_budgets")
+def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
+         options: AllocatorOptions) -> BudgetMap:
+    return allocate_uniform(model, **capacity.as_dict())
+
+
+ALLOCATOR = Allocator("uniform", (), "SnapKV: the same budget for every KV head", AllocatorOptions, _run)
+
+__all__: Sequence[str] = ("ALLOCATOR", "allocate_uniform", "uniform_budgets")

@@ -38,8 +38,8 @@ class Preset:
     options
         Policy options that differ from the policy class's defaults.
     published
-        The method's published setting (policy options, and for allocators their parameters), the
-        values the preset runs with.
+        The method's published setting (policy options, and the allocation's options: HeadKV's ``beta``,
+        PyramidKV's ``taper``), the values the preset runs with.
     sources
         Where each published value comes from, in the order of ``published``.
     kvpress
@@ -83,9 +83,9 @@ PUBLISHED: dict[str, Preset] = {
                  f"{FACTORY_REPO} run_needle_in_haystack.py: SnapKV window 32, kernel 7, maxpool"),
         kvpress={"window": 64, "kernel_size": 5, "pooling": "avg"}),
     "pyramid": Preset(
-        "snapkv", "pyramid", published={**_HEADKV_SELECTION, "beta": 20},
+        "snapkv", "pyramid", published={**_HEADKV_SELECTION, "taper": 20},
         sources=((f"{FACTORY_REPO} (PyramidKV's code) run_longbench.py and run_needle_in_haystack.py: "
-                 "window 8, kernel 7, maxpool; PyramidKVCluster beta = 20"),),
+                 "window 8, kernel 7, maxpool; PyramidKVCluster beta = 20 (headprobe's taper)"),),
         kvpress={"window": 64, "kernel_size": 5, "pooling": "avg"}),
     "dynamickv": Preset(
         "dynamickv", published={"window": 8, "kernel_size": 7, "r_max": 10, "interval": 4},

@@ -71,15 +71,17 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
     A budget map is allocated for the observation window the setting's policy runs with (``window``, by
     default the setting's own), so every head's floor holds that window: HeadKV's floor is
     ``window + (b - b // beta)`` with ``b = capacity - window``, PyramidKV's and the combined map's
-    ``window``, and a map allocated for 8 tokens is never run with 32.
+    ``window``, and a map allocated for 8 tokens is never run with 32. The setting's allocation options
+    (``beta``, ``taper``, ...) are the allocator's; its messages name them as setting options.
 
     Raises
     ------
     HeadprobeError
-        A profile that is missing or made for another model, or a capacity the allocator refuses (one no
-        larger than the window).
+        A profile that is missing or made for another model, a capacity the allocator refuses (one no
+        larger than the window), an allocation option it refuses, or a map per query head.
     """
     from ..allocation import allocate, load_profile, newest_profile
+    from ..allocation.options import spelled_as_setting_options
     from ..runtime import POLICIES
 
     if setting.capacity is None:
@@ -101,9 +103,15 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
         else:
             profiles.append(newest_profile(lm.identity, p, profile_dirs).profile)
     try:
-        return allocate(setting.allocation, profiles, lm.identity, capacity=setting.capacity, window=int(window))
+        with spelled_as_setting_options():
+            bm = allocate(setting.allocation, profiles, lm.identity, capacity=setting.capacity, window=int(window),
+                          **setting.allocation_options)
     except HeadprobeError as exc:
         raise HeadprobeError(f"setting {setting.label}: {exc}") from None
+    if bm.granularity != "kv_head":
+        raise HeadprobeError(f"setting {setting.label}: the map is allocated per query head (compat=headkv); the "
+                             "cache keeps budgets per KV head")
+    return bm
 
 
 @dataclass

@@ -1,26 +1,35 @@
-"""Eval settings: which policy, which allocation (and its profiles), which capacity.
+"""Eval settings: which policy, which allocation (and its profiles), with which options, at which capacity.
 
 A setting is written ``NAME`` (a preset, see :data:`PRESETS`: each method at its published setting) or
 ``POLICY[:ALLOCATION[:PROFILE,...]]`` where ``PROFILE`` is a profile kind (``retrieval``,
 ``retrieval_reasoning``, ``enhanced_retrieval``, ``layer_retention``; the newest matching profile is used)
-or a profile file, optionally followed by policy options in brackets: ``keepkv[key_merge=zip]``,
-``snapkv:headkv[window=16,kernel_size=5]``, ``headkv-r[window=question]`` (the observation window set to
-the question of each prompt, :data:`QUESTION_WINDOW`). Every setting except ``full`` is run once per
-capacity (mean tokens per KV head), or only at the capacities pinned after ``@``: ``headkv-r[window=32]@64,128``.
+or a profile file, optionally followed by options in brackets: ``keepkv[key_merge=zip]``,
+``snapkv:headkv:retrieval[beta=1.01,window=32]``, ``headkv-r[beta=1.01]``, ``headkv-r[window=question]``
+(the observation window set to the question of each prompt, :data:`QUESTION_WINDOW`). Each key goes to the
+policy or to the allocation, whichever declares it (the policy class's fields, the allocator's options
+dataclass); a key neither declares, one both declare, or one given twice is refused. Every setting except
+``full`` is run once per capacity (mean tokens per KV head), or only at the capacities pinned after ``@``:
+``headkv-r[window=32]@64,128``.
+
+A setting's label (``name@capacity``) names every option it runs with beyond its preset's, so
+:meth:`EvalSetting.parse` reads a label back to the same setting, and :func:`make_setting` builds a
+setting from its parts under such a label.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..allocation.options import format_option_value, spelled_as_setting_options
+from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
 from .presets import PRESETS, QUESTION_WINDOW
 
 PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
-ALLOCATIONS = ("uniform", "pyramid", "headkv", "dynamickv", "combined")
 
 
 @dataclass(frozen=True)
@@ -41,6 +50,8 @@ class EvalSetting:
         Mean tokens per KV head; ``None`` for the full cache.
     options
         Policy options.
+    allocation_options
+        Options of the allocation method (its options dataclass, ``Allocator.options``), e.g. ``beta``.
     """
 
     name: str
@@ -49,14 +60,43 @@ class EvalSetting:
     profiles: tuple[str, ...] = ()
     capacity: int | None = None
     options: dict[str, Any] = field(default_factory=dict)
+    allocation_options: dict[str, Any] = field(default_factory=dict)
 
     @property
     def label(self) -> str:
+        """``name@capacity`` (the name alone for the full cache): names every option the setting runs with
+        beyond its preset's; :meth:`parse` reads it back."""
         return self.name if self.capacity is None else f"{self.name}@{self.capacity}"
 
+    @classmethod
+    def parse(cls, label: str, policies: tuple[str, ...] | None = None) -> EvalSetting:
+        """The setting a label names: ``EvalSetting.parse(s.label) == s`` for every setting
+        :func:`expand_settings` or :func:`make_setting` returns.
+
+        Raises
+        ------
+        HeadprobeError
+            A bad setting, or a label with no capacity (or several) for a setting that needs one.
+        """
+        pinned = split_capacities(label)[1]
+        if pinned is not None and len(pinned) != 1:
+            raise HeadprobeError(f"{param('spec', label)}: a label names one capacity")
+        return expand_settings([label], [], policies=policies)[0]
+
     def to_json(self) -> dict[str, Any]:
-        return {"label": self.label, "name": self.name, "policy": self.policy, "allocation": self.allocation,
-                "profiles": list(self.profiles), "capacity": self.capacity, "options": dict(self.options)}
+        """What result files and cell logs record (``allocation_options`` only when there are any, so that
+        settings without them are recorded as before they existed)."""
+        out = {"label": self.label, "name": self.name, "policy": self.policy, "allocation": self.allocation,
+               "profiles": list(self.profiles), "capacity": self.capacity, "options": dict(self.options)}
+        if self.allocation_options:
+            out["allocation_options"] = dict(self.allocation_options)
+        return out
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> EvalSetting:
+        """The setting :meth:`to_json` recorded."""
+        return cls(obj["name"], obj["policy"], obj.get("allocation"), tuple(obj.get("profiles") or ()),
+                   obj.get("capacity"), dict(obj.get("options") or {}), dict(obj.get("allocation_options") or {}))
 
     @property
     def question_window(self) -> bool:
@@ -95,54 +135,182 @@ class EvalSetting:
         make_policy(self.policy, **options)
 
 
-def split_options(spec: str) -> tuple[str, dict[str, Any]]:
-    """``"keepkv[key_merge=zip]"`` → ``("keepkv", {"key_merge": "zip"})``."""
-    spec = spec.strip()
+@dataclass(frozen=True)
+class ParsedSetting:
+    """One setting as written, before capacities: what :func:`parse_setting` returns.
+
+    Attributes
+    ----------
+    name
+        The setting as written (a preset or ``POLICY[:ALLOCATION[:PROFILE,...]]`` and its brackets), with
+        the options given for every setting (``extra``) that change it appended to its brackets.
+    policy, allocation, profiles
+        As in :class:`EvalSetting`.
+    options, allocation_options
+        The policy's options (the preset's, then the given ones) and the allocation's.
+    """
+
+    name: str
+    policy: str
+    allocation: str | None
+    profiles: tuple[str, ...]
+    options: dict[str, Any]
+    allocation_options: dict[str, Any]
+
+
+def _split_brackets(spec: str) -> tuple[str, str | None]:
+    """``"keepkv[key_merge=zip]"`` → ``("keepkv", "key_merge=zip")``; no brackets: ``(spec, None)``."""
     if not (spec.endswith("]") and "[" in spec):
-        return spec, {}
-    from ..runtime.generate import parse_policy_options
-
+        return spec, None
     base, inner = spec[:-1].split("[", 1)
-    return base, parse_policy_options([x for x in inner.split(",") if x.strip()], f"{param('spec', spec)}:")
+    return base, inner
 
 
-def parse_setting(spec: str, policies: tuple[str, ...] | None = None) -> tuple[str, str, str | None,
-                                                                               tuple[str, ...], dict[str, Any]]:
-    """Parse one setting spec into ``(name, policy, allocation, profiles, options)``.
+def _bracket_options(inner: str | None, allocation: str | None, written: str) -> dict[str, Any]:
+    """The options in a setting's brackets, values read as ``--option`` reads them (ints, floats,
+    true/false, else strings). A part after a comma that is not ``KEY=VALUE`` continues the value of an
+    option declared to hold commas (a task mix ``task=qa:0.7,code:0.3``).
 
     Raises
     ------
     HeadprobeError
-        Unknown preset, policy, allocation method or profile kind (files must exist).
+        A part that is not ``KEY=VALUE``, or a key given twice.
     """
-    name = spec.strip()
-    spec, bracket = split_options(name)
+    if inner is None:
+        return {}
+    from ..runtime.generate import parse_policy_options
+
+    allocator = ALLOCATORS.get(allocation) if allocation is not None else None
+    commas = {i.name for i in allocator.options.infos() if i.commas} if allocator is not None else set()
+    items: list[str] = []
+    for part in inner.split(","):
+        if not part.strip():
+            continue
+        if "=" not in part and items and items[-1].split("=", 1)[0] in commas:
+            items[-1] += "," + part
+        else:
+            items.append(part)
+    keys = [item.split("=", 1)[0] for item in items if "=" in item]
+    for key in keys:
+        if keys.count(key) > 1:
+            raise HeadprobeError(f"{param('spec', written)}: option {key!r} given twice")
+    return parse_policy_options(items, f"{param('spec', written)}:")
+
+
+def _preset_or_parts(spec: str, written: str, policies: tuple[str, ...] | None
+                     ) -> tuple[str, str | None, tuple[str, ...], dict[str, Any]]:
+    """``(policy, allocation, profiles, preset options)`` of a setting without its brackets."""
+    from ..runtime import POLICIES
+
     if spec in PRESETS:
         policy, alloc, profs, opts = PRESETS[spec]
-        return name, policy, alloc, profs, {**opts, **bracket}
+        return policy, alloc, profs, dict(opts)
     parts = spec.split(":")
     if len(parts) > 3 or not parts[0]:
         raise HeadprobeError(f"{param('spec', spec)}: expected a preset ({', '.join(PRESETS)}) or "
                              "POLICY[:ALLOCATION[:PROFILE,...]]")
     policy = parts[0]
-    if policies is not None and policy not in policies:
+    known = tuple(POLICIES) if policies is None else policies
+    if policy not in known or policy not in POLICIES:
         raise HeadprobeError(f"{param('spec', spec)}: unknown policy {policy!r} and no such preset; presets: "
-                             f"{', '.join(PRESETS)}; policies: {', '.join(sorted(policies))}")
+                             f"{', '.join(PRESETS)}; policies: {', '.join(sorted(known))}")
     alloc = parts[1] if len(parts) > 1 and parts[1] else None
-    if alloc is not None and alloc not in ALLOCATIONS:
+    if alloc is not None and alloc not in ALLOCATORS:
         raise HeadprobeError(f"{param('spec', spec)}: unknown allocation {alloc!r}; expected one of "
-                             f"{', '.join(ALLOCATIONS)}")
+                             f"{', '.join(ALLOCATORS)}")
     profs = tuple(p for p in parts[2].split(",") if p) if len(parts) > 2 else ()
     for p in profs:
         if p not in PROFILE_KINDS and not Path(p).is_file():
             raise HeadprobeError(f"{param('spec', spec)}: profile {p!r} is neither a profile kind "
                                  f"({', '.join(PROFILE_KINDS)}) nor a file")
-    if alloc in ("headkv", "combined", "dynamickv") and not profs:
-        profs = {"headkv": ("retrieval_reasoning",), "dynamickv": ("layer_retention",),
-                 "combined": ("retrieval_reasoning", "layer_retention")}[alloc]
-    return name, policy, alloc, profs, bracket
+    if alloc is not None and not profs:
+        profs = ALLOCATORS[alloc].default_kinds
+    return policy, alloc, profs, {}
 
 
+def _route(written: str, policy: str, allocation: str | None,
+           given: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Split options between the policy and the allocation, by which of the two declares each key.
+
+    Raises
+    ------
+    HeadprobeError
+        A key neither declares or both declare, or allocation options the allocator refuses.
+    """
+    from ..runtime import POLICIES
+
+    policy_keys = POLICIES[policy].option_names()
+    allocator = ALLOCATORS.get(allocation) if allocation is not None else None
+    alloc_keys = allocator.options.names() if allocator is not None else ()
+    to_policy: dict[str, Any] = {}
+    to_alloc: dict[str, Any] = {}
+    for key, value in given.items():
+        if key in policy_keys and key in alloc_keys:
+            raise HeadprobeError(f"{param('spec', written)}: option {key!r} is declared by both policy {policy} "
+                                 f"and allocation {allocation}, so the setting cannot tell which it is for")
+        if key in alloc_keys:
+            to_alloc[key] = value
+        elif key in policy_keys:
+            to_policy[key] = value
+        else:
+            if allocator is None:
+                raise HeadprobeError(f"{param('spec', written)}: option {key!r} is not an option of policy {policy} "
+                                     f"({', '.join(policy_keys)}), and the setting has no allocation")
+            raise HeadprobeError(f"{param('spec', written)}: option {key!r} is an option of neither policy {policy} "
+                                 f"({', '.join(policy_keys)}) nor allocation {allocation} "
+                                 f"({', '.join(alloc_keys) or 'none'})")
+    if allocator is not None:
+        try:
+            with spelled_as_setting_options():
+                allocator.check_options(to_alloc)
+        except HeadprobeError as exc:
+            raise HeadprobeError(f"{param('spec', written)}: {exc}") from None
+    return to_policy, to_alloc
+
+
+def _named(written: str, extra: Mapping[str, Any]) -> str:
+    """``written`` with ``extra`` options appended inside its brackets."""
+    if not extra:
+        return written
+    items = ",".join(f"{k}={format_option_value(v)}" for k, v in extra.items())
+    base, inner = _split_brackets(written)
+    return f"{base}[{inner},{items}]" if inner and inner.strip() else f"{base}[{items}]"
+
+
+def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
+                  extra: Mapping[str, Any] | None = None) -> ParsedSetting:
+    """Parse one setting spec (without ``@`` capacities).
+
+    Parameters
+    ----------
+    spec
+        A preset or ``POLICY[:ALLOCATION[:PROFILE,...]]``, optionally with bracketed options.
+    policies
+        The policies allowed (default: every registered policy).
+    extra
+        Options for the setting that its brackets do not set (``--option``); those that change what the
+        setting runs with are appended to its name.
+
+    Raises
+    ------
+    HeadprobeError
+        Unknown preset, policy, allocation method or profile kind (files must exist); an option neither
+        the policy nor the allocation declares, or both do; an option given twice; a bad allocation option.
+    """
+    written = spec.strip()
+    base, inner = _split_brackets(written)
+    policy, alloc, profs, preset_options = _preset_or_parts(base, written, policies)
+    bracket = _bracket_options(inner, alloc, written)
+    if policy == "full":
+        return ParsedSetting(written, policy, None, (), {}, {})
+    more = {k: v for k, v in (extra or {}).items()          # the preset's own values are implied by its name
+            if k not in bracket and (k not in preset_options or preset_options[k] != v)}
+    name = _named(written, more)
+    to_policy, to_alloc = _route(name, policy, alloc, {**more, **bracket})
+    return ParsedSetting(name, policy, alloc, profs, {**preset_options, **to_policy}, to_alloc)
+
+
+_ABSENT = object()
 _PINNED = re.compile(r"(.+)@(\d+(?:,\d+)*)")
 
 
@@ -157,12 +325,13 @@ def split_capacities(spec: str) -> tuple[str, list[int] | None]:
 def expand_settings(specs: list[str], capacities: list[int], options: dict[str, Any] | None = None,
                     policies: tuple[str, ...] | None = None) -> list[EvalSetting]:
     """Every spec at every capacity (``full`` once), or at the capacities pinned after its ``@``;
-    ``options`` override the presets' policy options and a spec's own bracketed options override both.
+    ``options`` override the presets' options and a spec's own bracketed options override both (the
+    ``options`` that change a setting are named in its label).
 
     Raises
     ------
     HeadprobeError
-        A bad spec, no capacities, a capacity below 1, or a duplicate setting.
+        A bad spec (:func:`parse_setting`), no capacities, a capacity below 1, or a duplicate setting.
     """
     if not specs:
         raise HeadprobeError(f"{param('specs')}: give at least one setting")
@@ -171,21 +340,71 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
     out: list[EvalSetting] = []
     for written in specs:
         spec, pinned = split_capacities(written)
-        name, policy, alloc, profs, opts = parse_setting(spec, policies)
-        opts = {**opts, **(options or {}), **split_options(spec)[1]}   # brackets win over ``options``
-        if policy == "full":
+        parsed = parse_setting(spec, policies, options)
+        if parsed.policy == "full":
             if pinned is not None:
                 raise HeadprobeError(f"{param('spec', written)}: the full cache has no capacity to pin")
-            out.append(EvalSetting(name, policy, None, (), None, {}))
+            out.append(EvalSetting(parsed.name, "full", None, (), None, {}))
             continue
         caps = capacities if pinned is None else pinned
         if any(c < 1 for c in caps):
             raise HeadprobeError(f"{param('spec', written)}: expected positive token counts per head after @")
         if not caps:
             raise HeadprobeError(f"{param('spec', spec)}: needs {param('capacities')}")
-        out.extend(EvalSetting(name, policy, alloc, profs, int(c), dict(opts)) for c in caps)
+        out.extend(EvalSetting(parsed.name, parsed.policy, parsed.allocation, parsed.profiles, int(c),
+                               dict(parsed.options), dict(parsed.allocation_options)) for c in caps)
     labels = [s.label for s in out]
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise HeadprobeError(f"{param('specs')}: {', '.join(dup)} given twice")
     return out
+
+
+def make_setting(base: str, capacity: int | None = None, options: Mapping[str, Any] | None = None,
+                 allocation_options: Mapping[str, Any] | None = None) -> EvalSetting:
+    """A setting built from its parts, named so that :meth:`EvalSetting.parse` of its label gives it back.
+
+    Parameters
+    ----------
+    base
+        A preset or ``POLICY[:ALLOCATION[:PROFILE,...]]``, without brackets or ``@``.
+    capacity
+        Mean tokens per KV head (``None`` only for ``full``).
+    options
+        Policy options; those equal to the preset's are implied by its name and not written.
+    allocation_options
+        Options of the allocation (its options dataclass), all written.
+
+    Examples
+    --------
+    >>> make_setting("headkv-r", 64, allocation_options={"beta": 1.01}).label
+    'headkv-r[beta=1.01]@64'
+
+    Raises
+    ------
+    HeadprobeError
+        A bad base, an option the policy or the allocation does not declare (or a bad value), or a value
+        that cannot be written in a setting (a string that reads back as a number, one holding ``]``).
+    """
+    base = base.strip()
+    if _split_brackets(base)[1] is not None or "@" in base:
+        raise HeadprobeError(f"{param('spec', base)}: give the options and the capacity apart from the base")
+    plain = parse_setting(base)
+    options, allocation_options = dict(options or {}), dict(allocation_options or {})
+    written = {k: v for k, v in options.items() if k not in plain.options or plain.options[k] != v}
+    written.update(allocation_options)
+    name = _named(base, written)
+    label = name if capacity is None else f"{name}@{capacity}"
+    setting = EvalSetting.parse(label)
+    if setting.policy == "full":
+        return setting
+    got = {"policy": setting.options, "allocation": setting.allocation_options}
+    wanted = {"policy": {**plain.options, **options}, "allocation": allocation_options}
+    for what, other in (("policy", "allocation"), ("allocation", "policy")):
+        for key, value in wanted[what].items():
+            found = got[what].get(key, _ABSENT)
+            if found != value or type(found) is not type(value):
+                reads = f"{'an' if other == 'allocation' else 'a'} {other} option" if key in got[other] else repr(found)
+                raise HeadprobeError(f"{param('spec', label)}: {what} option {key}={value!r} does not read back from "
+                                     f"the setting's name (it reads {reads})")
+    return setting

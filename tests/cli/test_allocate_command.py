@@ -101,3 +101,65 @@ def test_allocate_without_profiles_reads_the_kinds_of_its_method(workdir, capsys
     sources = BudgetMap.load(workdir / "c.json").method["sources"]
     assert [s["kind"] for s in sources] == ["retrieval_reasoning", "layer_retention"]
     assert [s["path"] for s in sources] == paths
+
+
+# ---- options come from the allocators' dataclasses --------------------------------------------------------
+
+def test_every_allocator_option_has_its_flag(capsys):
+    from headprobe.allocation.options import CapacityOptions
+    from headprobe.allocation.registry import option_infos
+
+    with pytest.raises(SystemExit):
+        main(["allocate", "--help"])
+    text = capsys.readouterr().out
+    for info in [*CapacityOptions.infos(), *option_infos().values()]:
+        assert info.flag in text, info.name
+    assert "--taper" in text and "(methods: pyramid; default 20)" in text
+
+
+def test_an_option_the_method_does_not_read_is_refused(workdir, capsys):
+    """`allocate --task bogus` with HeadKV used to be ignored; pyramid's slope is --taper, not --beta."""
+    for argv, msg in [
+        (["--profile", "profiles/smol.r2.json", "--task", "bogus"],
+         "--task bogus: does not apply to method headkv (read by dynamickv, combined; headkv's options: --beta, "),
+        (["--method", "pyramid", "--profile", "profiles/smol.r2.json", "--beta", "20"],
+         "--beta 20.0: does not apply to method pyramid (read by headkv, combined; pyramid's options: --taper)"),
+        (["--method", "uniform", "--profile", "profiles/smol.r2.json", "--fallback-uniform"],
+         "--fallback-uniform: does not apply to method uniform"),
+        (["--method", "pyramid", "--profile", "profiles/smol.r2.json", "--taper", "1"],
+         "--taper 1.0: expected a number larger than 1"),
+    ]:
+        assert main(["allocate", *argv, "-o", "x.json"]) == 2
+        err = capsys.readouterr().err
+        assert msg in err and err.count("\n") == 1, err
+    assert not (workdir / "x.json").exists()
+
+
+def test_pyramid_taper_flag_and_default_file_name(workdir, capsys):
+    assert main(["allocate", "--method", "pyramid", "--profile", "profiles/smol.r2.json", "--taper", "10"]) == 0
+    out = capsys.readouterr().out
+    written = workdir / "budgets" / "smollm2-135m.pyramid.cap128.taper10.json"
+    assert "pyramid (taper 10.0, capacity 128" in out and f"wrote {written.relative_to(workdir)}" in out
+    bm = BudgetMap.load(written)
+    assert bm.method["beta"] == 10.0 and bm.total == 128 * 90
+    assert bm.budgets == hp_allocate("pyramid", model=bm.model, taper=10).budgets
+
+
+def hp_allocate(*args, **kwargs):
+    import headprobe
+
+    return headprobe.allocate(*args, **kwargs)
+
+
+def test_compat_with_a_negative_score_writes_nothing(workdir, capsys):
+    """A negative query-head score used to give a negative budget in compat mode, a file inspect refuses."""
+    neg = Profile.load(workdir / "profiles" / "smol.r2.json")
+    neg.query_heads[0][0] = -1.0
+    neg.kv_heads = reduce_groups(neg.query_heads, 3, "mean")
+    neg.save(workdir / "neg.json")
+    assert main(["allocate", "--profile", "neg.json", "--compat", "headkv", "--capacity", "64", "-o", "n.json"]) == 2
+    err = capsys.readouterr().err
+    assert "compat=headkv: the profile has negative scores (min -1)" in err and err.count("\n") == 1
+    assert not (workdir / "n.json").exists()
+    assert main(["allocate", "--profile", "neg.json", "--capacity", "64", "-o", "n.json"]) == 2
+    assert "has negative scores" in capsys.readouterr().err and not (workdir / "n.json").exists()

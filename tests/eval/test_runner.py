@@ -194,11 +194,13 @@ def test_allocated_settings_use_their_profile(tiny_llama, tmp_path):
 
 
 def test_settings_carry_their_own_policy_options():
-    settings = expand_settings(["keepkv[key_merge=zip,threshold=0.9]", "keepkv", "snapkv:headkv:retrieval[window=16]"],
+    settings = expand_settings(["keepkv[key_merge=zip,threshold=0.9]", "keepkv", "keepkv[window=16]"],
                                [64], options={"key_merge": "values_only"})
     by = {s.label: s for s in settings}
     assert by["keepkv[key_merge=zip,threshold=0.9]@64"].options == {"key_merge": "zip", "threshold": 0.9}
-    assert by["keepkv@64"].options == {"key_merge": "values_only"}
-    assert by["snapkv:headkv:retrieval[window=16]@64"].options == {"window": 16, "key_merge": "values_only"}
+    # an option given for every setting is named in the label of each setting it changes
+    assert by["keepkv[key_merge=values_only]@64"].options == {"key_merge": "values_only"}
+    assert by["keepkv[window=16,key_merge=values_only]@64"].options == {"window": 16, "key_merge": "values_only"}
+    assert expand_settings(["snapkv:headkv:retrieval[window=16]"], [64])[0].options == {"window": 16}
     with pytest.raises(HeadprobeError, match=r"expected KEY=VALUE"):
         expand_settings(["keepkv[zip]"], [64])

@@ -10,8 +10,7 @@ import torch
 import headprobe
 from headprobe import HeadprobeError
 from headprobe.allocation.headkv import headkv_floor
-from headprobe.allocation.pyramid import DEFAULT_PYRAMID_BETA
-from headprobe.allocation.registry import DEFAULT_BETA
+from headprobe.allocation.registry import ALLOCATORS, DEFAULT_BETA
 from headprobe.eval import EvalRequest, expand_settings, items_from_needles, run_eval, run_setting
 from headprobe.eval.presets import PRESETS, PUBLISHED
 from headprobe.eval.runner import resolve_budget
@@ -37,20 +36,24 @@ def _request(settings, capacities=(80,), needles=1, **kw):
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
 def test_every_preset_runs_at_its_published_setting(name):
-    """The policy a preset builds carries every published policy value; allocator values are the
-    allocator's defaults (beta)."""
+    """The policy a preset builds carries every published policy value; allocation values are the
+    defaults of the allocator's options (HeadKV's beta 1.2, PyramidKV's taper 20)."""
     preset = PUBLISHED[name]
     policy, _, _, options = PRESETS[name]
     built = headprobe.make_policy(policy, **options)
     fields = {f.name for f in dataclasses.fields(built)}
+    allocator_defaults = ALLOCATORS[preset.allocation].options().as_dict() if preset.allocation else {}
     for key, value in preset.published.items():
         if key in fields:
             assert getattr(built, key) == value, (name, key)
-        elif key == "beta":
-            want = DEFAULT_PYRAMID_BETA if preset.allocation == "pyramid" else DEFAULT_BETA
-            assert value == want, name
+        elif key in allocator_defaults:
+            assert allocator_defaults[key] == value, (name, key)
         else:
-            raise AssertionError(f"{name}: published {key} is neither a policy option nor beta")
+            raise AssertionError(f"{name}: published {key} is neither a policy option nor an allocation option")
+    if preset.allocation == "pyramid":
+        assert preset.published["taper"] == 20
+    elif preset.allocation == "headkv":
+        assert preset.published["beta"] == 1.2
     assert preset.sources or name == "full"
 
 
@@ -154,8 +157,8 @@ def test_a_question_longer_than_the_capacity_is_refused_before_any_trial(tiny_ll
 
         run_dataset_eval(tiny_llama, [QAExample("a", "text", "q?", ("x",))],
                          expand_settings(["snapkv[window=question]"], [64]), tmp_path / "d.json")
-    with pytest.raises(HeadprobeError, match="option 'windw' does not apply"):
-        expand_settings(["snapkv[windw=question]"], [64])[0].check_policy()
+    with pytest.raises(HeadprobeError, match="option 'windw' is an option of neither policy snapkv"):
+        expand_settings(["snapkv[windw=question]"], [64])
     expand_settings(["snapkv[window=question]"], [64])[0].check_policy()
 
 

@@ -1,0 +1,89 @@
+"""What an allocation method is: a name, the profiles it reads, its options and how it runs.
+
+Each method's module defines one :class:`Allocator` (``ALLOCATOR``); :mod:`.registry` lists them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..budget_map import BudgetMap
+from ..errors import HeadprobeError
+from ..models.identity import ModelIdentity
+from ..profile import Profile
+from .options import AllocatorOptions, CapacityOptions, spelled
+
+#: What a method can read from profiles → (the profile kind looked up when none is given, in words).
+NEEDS: dict[str, tuple[str, str]] = {
+    "head_scores": ("retrieval_reasoning",
+                    "a head-score profile (retrieval, enhanced_retrieval or retrieval_reasoning)"),
+    "layer_retention": ("layer_retention", "a layer_retention profile"),
+}
+
+#: One profile the method reads, with the path it was loaded from (``None`` when not from a file).
+Source = tuple[Profile, str | None]
+
+#: ``run(model, sources, capacity, options) -> BudgetMap``.
+Run = Callable[[ModelIdentity, Sequence[Source], CapacityOptions, AllocatorOptions], BudgetMap]
+
+
+@dataclass(frozen=True)
+class Allocator:
+    """One allocation method.
+
+    Attributes
+    ----------
+    name
+        The method name (``allocate(method=...)``, ``--method``, an eval setting's ``ALLOCATION``).
+    needs
+        What it reads, one profile each, in order: ``"head_scores"`` and/or ``"layer_retention"``
+        (keys of :data:`NEEDS`); empty when the model's shape is enough.
+    description
+        One line for help texts.
+    options
+        Its options dataclass (:class:`~.options.AllocatorOptions`; the base class itself: none).
+    run
+        ``run(model, sources, capacity, options) -> BudgetMap``: ``sources`` holds one ``(profile, path)``
+        per entry of ``needs``, ``capacity`` the :class:`~.options.CapacityOptions` and ``options`` an
+        instance of :attr:`options`. The map's ``method`` block records every option (under
+        :attr:`~.options.OptionInfo.record`).
+    """
+
+    name: str
+    needs: tuple[str, ...]
+    description: str
+    options: type[AllocatorOptions]
+    run: Run
+
+    @property
+    def default_kinds(self) -> tuple[str, ...]:
+        """The profile kinds looked up for ``needs`` when no profile is given."""
+        return tuple(NEEDS[n][0] for n in self.needs)
+
+    def check_options(self, given: Mapping[str, Any]) -> AllocatorOptions:
+        """The method's options from ``{name: value}``, checked (names, types and values).
+
+        Raises
+        ------
+        HeadprobeError
+            An option the method does not read (naming the registered methods that read it), or a bad
+            value.
+        """
+        from .registry import methods_reading
+
+        names = self.options.names()
+        for name, value in given.items():
+            if name not in names:
+                readers = methods_reading(name)
+                own = ", ".join(spelled(n) for n in names) or "none"
+                if readers:
+                    raise HeadprobeError(f"{spelled(name, value)}: does not apply to method {self.name} (read by "
+                                         f"{', '.join(readers)}; {self.name}'s options: {own})")
+                raise HeadprobeError(f"{spelled(name, value)}: no such option of method {self.name} (its "
+                                     f"options: {own})")
+        return self.options(**given)
+
+
+__all__: Sequence[str] = ("NEEDS", "Allocator", "Source")
