@@ -12,6 +12,7 @@ from typing import Any
 
 from ..budget_map import BudgetMap
 from ..models.identity import ModelIdentity
+from ..probes.registry import profile_kinds
 from ..profile import Profile
 from .combined import allocate_combined
 from .dynamickv_offline import allocate_dynamickv
@@ -22,10 +23,12 @@ from .uniform import allocate_uniform
 #: HeadKV's β when none is given (headkv and combined).
 DEFAULT_BETA = 1.2
 
+_HEAD_SCORE_KINDS = profile_kinds("head_scores")      # the probe passes' kinds whose profiles hold head scores
+
 #: What a method can read from profiles → (the profile kind looked up when none is given, in words).
 NEEDS: dict[str, tuple[str, str]] = {
     "head_scores": ("retrieval_reasoning",
-                    "a head-score profile (retrieval, enhanced_retrieval or retrieval_reasoning)"),
+                    f"a head-score profile ({', '.join(_HEAD_SCORE_KINDS[:-1])} or {_HEAD_SCORE_KINDS[-1]})"),
     "layer_retention": ("layer_retention", "a layer_retention profile"),
 }
 

@@ -17,9 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, param
+from ..probes.registry import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
 
-PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 ALLOCATIONS = ("uniform", "pyramid", "headkv", "dynamickv", "combined")
 
 

@@ -68,7 +68,7 @@ def test_runs_the_whole_grid_when_never_stable():
     ({"mode": "reuse", "recompute_share": 2.0}, "recompute_share=2.0: expected a share between 0 and 1"),
 ])
 def test_bad_settings_are_refused_in_one_line(kw, message, tmp_path):
-    from headprobe.probes.run import check_request
+    from headprobe.probes.request import check_request
 
     with pytest.raises(HeadprobeError) as info:
         if "until_stable" in kw:
