@@ -106,7 +106,9 @@ def register_pass(probe_pass: ProbePass) -> ProbePass:
 
 def unregister_pass(name: str) -> None:
     """Remove the pass ``name`` (a pass registered for a while, e.g. in a test)."""
-    _PASSES.pop(name, None)
+    removed = _PASSES.pop(name, None)
+    if removed is not None and isinstance(removed.steps, str):
+        _LOADED.pop(removed.steps, None)
 
 
 def probe_passes() -> tuple[ProbePass, ...]:
