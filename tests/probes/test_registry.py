@@ -9,6 +9,7 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 import torch
@@ -61,7 +62,7 @@ def sink_trial(loaded, example: Example, chat_template: bool) -> dict:
 
 class SinkPass(PassSteps):
     kinds = ("toy_sink",)
-    runners = {"fast": sink_trial}
+    runners: ClassVar = {"fast": sink_trial}
     options = SinkOptions
 
     def read(self, request, options, inputs):
@@ -232,15 +233,19 @@ def _documented_pass() -> tuple[str, str]:
 
 
 def test_the_documented_pass_runs(tiny_llama, tmp_path, monkeypatch):
+    import ast
     import importlib.util
     import sys
 
     code, line = _documented_pass()
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader("headprobe.probes.sink_pass", None))
-    module.__package__ = "headprobe.probes"
-    exec(compile(code, "sink_pass.py", "exec"), module.__dict__)
+    (tmp_path / "sink_pass.py").write_text(code)            # the new file, as a module of headprobe.probes
+    spec = importlib.util.spec_from_file_location("headprobe.probes.sink_pass", tmp_path / "sink_pass.py")
+    module = importlib.util.module_from_spec(spec)
     monkeypatch.setitem(sys.modules, "headprobe.probes.sink_pass", module)
-    probe_pass = eval(line, {"ProbePass": registry.ProbePass})
+    spec.loader.exec_module(module)
+    call = ast.parse(line, mode="eval").body                  # the registry line
+    assert isinstance(call, ast.Call) and call.func.id == "ProbePass"
+    probe_pass = registry.ProbePass(*[ast.literal_eval(arg) for arg in call.args])
     registry.register_pass(probe_pass)
     try:
         request = ProfileRequest(probes=["attention_sink"], out_dir=tmp_path, chat_template=False,
