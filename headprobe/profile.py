@@ -15,12 +15,11 @@ from .errors import FileFormatError
 from .files.jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
 from .head_ranking import top_heads
 from .models.identity import ModelIdentity
+from .probes.registry import PROFILE_KINDS
 
 PROFILE_FORMAT = "headprobe.profile"
 PROFILE_VERSION = 1
 
-#: Probe kinds a profile can hold. ``imported`` covers files read from other tools.
-PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 GROUP_REDUCTIONS = ("mean", "max", "sum")
 
 
@@ -49,7 +48,7 @@ class Profile:
     Attributes
     ----------
     kind
-        One of :data:`PROFILE_KINDS`.
+        One of :data:`~headprobe.probes.registry.PROFILE_KINDS` (the registered probe passes' kinds).
     model
         The model the scores belong to.
     probe

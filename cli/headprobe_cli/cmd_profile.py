@@ -8,11 +8,18 @@ from pathlib import Path
 
 import headprobe
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model, rank_note, rank_progress
+from .common_args import (
+    LazyChoices,
+    add_loading_arguments,
+    add_rerun_arguments,
+    load_model,
+    rank_note,
+    rank_progress,
+)
 from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
-FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file"}
+FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option"}
 
 
 def register(sub, formatter) -> None:
@@ -31,6 +38,7 @@ def register(sub, formatter) -> None:
     )
     add_loading_arguments(p)
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
+                   choices=LazyChoices(lambda: ["all", *headprobe.PROBES]),
                    help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
     p.add_argument("--mode", choices=list(headprobe.MODES), default="fast",
                    help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
@@ -46,7 +54,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--plot-stability", action="store_true",
                    help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
                         "top-k stability as trials were added")
-    p.add_argument("--grid", choices=["auto", "cpu", "full"], default="auto",
+    p.add_argument("--grid", choices=list(headprobe.probe_grid.GRIDS), default="auto",
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
     p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
@@ -72,16 +80,14 @@ def register(sub, formatter) -> None:
                         "look first; never the shipped profiles)")
     p.add_argument("--name", help="file-name stem (default: the model alias)")
     p.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
+    p.add_argument("--pass-option", action="append", default=[], metavar="PASS.FIELD=VALUE",
+                   help="an option of a probe pass that declares its own (repeatable)")
     add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
     p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
     p.add_argument("--allow-partial", action="store_true",
                    help="--merge: write profiles even when trials of the grid are missing from the logs")
     p.set_defaults(func=run)
-
-
-def _pass_of(kind: str) -> str:
-    return "reasoning" if kind == "retrieval_reasoning" else "retrieval"
 
 
 def run(args) -> int:
@@ -95,70 +101,45 @@ def run(args) -> int:
         return _profile(args, ranks, out_dir)
 
 
-def _profile(args, ranks, out_dir: Path) -> int:
+def _request(args, out_dir: Path):
+    """The request the arguments make (its lengths and depths left to the grid unless given)."""
     grids = headprobe.probe_grid
-    probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
-    for probe in probes:
-        if probe not in headprobe.PROBES:
-            raise headprobe.HeadprobeError(f"--probe {probe}: expected all or one of "
-                                           f"{', '.join(headprobe.PROBES)}")
-    if args.batch_size < 1:
-        raise headprobe.HeadprobeError("--batch-size: expected a positive integer")
-    shard = grids.parse_shard(args.shard)
-    share = headprobe.parse_recompute_share(args.recompute_share)
-    until_stable = (headprobe.StopRule(k=args.stable_k, jaccard=args.stable_jaccard) if args.until_stable else None)
-    ranks.check_shard(shard)
-    needle_files = [Path(p) for p in args.needle_file]
-    headprobe.check_needle_files(needle_files, headprobe.needle_kinds(probes))   # before the model loads
-    if args.haystack is not None:
-        headprobe.load_haystack(args.haystack)
-    # The grid's defaults depend on the device; the CPU grid stands in until the model is loaded.
-    lengths, depths, _ = grids.default_grid(False, None)
-    if args.lengths:
-        lengths = args.lengths
-    if args.depths:
-        depths = grids.parse_depths(args.depths)
-    request = headprobe.ProfileRequest(
-        probes=probes, lengths=list(lengths), depths=list(depths), out_dir=out_dir, mode=args.mode,
-        seeds=args.seeds, needle_files=needle_files, needle_ids=args.needles, haystack=args.haystack,
-        chat_template=not args.no_chat_template, batch_size=args.batch_size, gate=args.gate,
-        group_reduction=args.group_reduction, tasks=args.tasks, samples_per_task=args.samples_per_task,
-        retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens),
-        resume=args.resume, force=args.force, shard=shard, name=args.name, recompute_share=share,
-        until_stable=until_stable,
-    )
-    # What would be replaced, and whether the outputs can be written, is settled before the model loads.
-    headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
+    until_stable = headprobe.StopRule(k=args.stable_k, jaccard=args.stable_jaccard) if args.until_stable else None
+    return headprobe.ProfileRequest(
+        probes=list(headprobe.PROBES) if "all" in args.probe else args.probe, lengths=args.lengths,
+        depths=grids.parse_depths(args.depths) if args.depths else None, grid=args.grid, out_dir=out_dir,
+        mode=args.mode, seeds=args.seeds, needle_files=[Path(p) for p in args.needle_file],
+        needle_ids=args.needles, haystack=args.haystack, chat_template=not args.no_chat_template,
+        batch_size=args.batch_size, gate=args.gate, group_reduction=args.group_reduction, tasks=args.tasks,
+        samples_per_task=args.samples_per_task,
+        retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens), resume=args.resume,
+        force=args.force, shard=grids.parse_shard(args.shard), name=args.name,
+        recompute_share=headprobe.parse_recompute_share(args.recompute_share), until_stable=until_stable,
+        options=_pass_options(args.pass_option))
+
+
+def _pass_options(items: list[str]) -> dict[str, dict[str, str]]:
+    """``["examples.file=qa.jsonl"]`` → ``{"examples": {"file": "qa.jsonl"}}``."""
+    options: dict[str, dict[str, str]] = {}
+    for item in items:
+        target, sep, value = item.partition("=")
+        pass_name, dot, field = target.partition(".")
+        if not (sep and dot and pass_name and field):
+            raise headprobe.HeadprobeError(f"--pass-option {item}: expected PASS.FIELD=VALUE")
+        options.setdefault(pass_name, {})[field] = value
+    return options
+
+
+def _profile(args, ranks, out_dir: Path) -> int:
+    request = _request(args, out_dir)
+    # Everything that can be checked without the model, and what would be replaced, is settled before it loads.
+    plan = headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
     loaded = load_model(args, ranks)
-    on_gpu = loaded.device.type == "cuda"
-    if args.grid == "full" or (args.grid == "auto" and on_gpu):
-        grid_lengths, grid_depths, described = grids.full_grid(loaded.identity.max_context)
-    else:
-        grid_lengths, grid_depths, described = grids.default_grid(False, loaded.identity.max_context)
-    if args.lengths:
-        described = "custom lengths"
-    else:
-        request.lengths = list(grid_lengths)
-    if args.depths:
-        described += ", custom depths"
-    else:
-        request.depths = list(grid_depths)
-    lengths, depths = request.lengths, request.depths
-    where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
+    run = plan.resolve(loaded, version=headprobe.__version__)
     if ranks.is_main:
-        mode = (f"reuse mode, recompute share {args.recompute_share:g}%" if args.mode == "reuse"
-                else f"{args.mode} mode")
-        if until_stable:
-            mode += f", until the top-{until_stable.k} heads are stable"
-        print(f"profiling {loaded.identity.name} on {where} ({mode}): {described}; "
-              f"lengths {', '.join(map(str, lengths))}; depths {', '.join(f'{d * 100:g}%' for d in depths)}; "
-              f"writing to {out_dir}", file=sys.stderr)
-        if "reasoning" in headprobe.needle_kinds(probes):
-            print(f"retrieval-reasoning gate: {headprobe.choose_gate(args.gate, loaded).describe()}",
-                  file=sys.stderr)
+        _describe(args, run, loaded, ranks, out_dir)
     started = time.perf_counter()
-    result = headprobe.run_profile_on_ranks(loaded, request, ranks, progress=rank_progress(ranks, tqdm_progress),
-                                            version=headprobe.__version__)
+    result = headprobe.run_profile_on_ranks(loaded, run, ranks, progress=rank_progress(ranks, tqdm_progress))
     elapsed = time.perf_counter() - started
     if not ranks.is_main:
         rank_note(ranks, f"{result.trials_run} trials run, {result.trials_skipped} resumed, {elapsed:.0f} s; "
@@ -171,16 +152,34 @@ def _profile(args, ranks, out_dir: Path) -> int:
     for pass_name, outcome in result.stopping.items():
         state = "stable" if outcome.stable else "not stable when the grid ran out"
         print(f"{pass_name}: {state} after {outcome.trials} of {outcome.grid} trials", file=sys.stderr)
+    logs: dict[str, Path] = {}
+    for lp in result.logs:
+        logs.setdefault(headprobe.read_log(lp)[0].get("pass"), lp)
     for path in result.profiles:
         profile = headprobe.Profile.load(path)
         t = profile.trials
         gate = f" the {t['gate']} gate" if t.get("gate") else ""
         print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate})")
         if args.plot_stability and profile.intervals:
-            log = next((lp for lp in result.logs if headprobe.read_log(lp)[0].get("pass") == _pass_of(profile.kind)),
-                       None)
+            log = logs.get(profile.probe.get("pass"))
             fig = headprobe.stability_figure(profile, log=headprobe.read_log(log) if log else None)
             print(f"wrote {headprobe.save_figure(fig, path.with_suffix('.stability.png'), force=args.force)}")
     if result.failures:
         raise headprobe.NoPassingTrialsError("; ".join(result.failures))
     return 0
+
+
+def _describe(args, run, loaded, ranks, out_dir: Path) -> None:
+    """The run's first lines: model, device, mode, grid, where it writes, and each pass's gate when chosen."""
+    where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
+    mode = (f"reuse mode, recompute share {args.recompute_share:g}%" if args.mode == "reuse" else f"{args.mode} mode")
+    if run.request.until_stable:
+        mode += f", until the top-{run.request.until_stable.k} heads are stable"
+    grid = run.grid
+    print(f"profiling {loaded.identity.name} on {where} ({mode}): {grid.description}; "
+          f"lengths {', '.join(map(str, grid.lengths))}; depths {', '.join(f'{d * 100:g}%' for d in grid.depths)}; "
+          f"writing to {out_dir}", file=sys.stderr)
+    for pass_run in run.passes:
+        if pass_run.gate is not None:
+            print(f"{'/'.join(pass_run.plan.probes).replace('_', '-')} gate: {pass_run.gate.describe()}",
+                  file=sys.stderr)

@@ -12,13 +12,16 @@ from typing import Any
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
+from ..probes.registry import profile_kinds
 from ..profile import Profile
 from .options import AllocatorOptions, CapacityOptions, spelled
 
 #: What a method can read from profiles → (the profile kind looked up when none is given, in words).
+_HEAD_SCORE_KINDS = profile_kinds("head_scores")      # the probe passes' kinds whose profiles hold head scores
+
 NEEDS: dict[str, tuple[str, str]] = {
     "head_scores": ("retrieval_reasoning",
-                    "a head-score profile (retrieval, enhanced_retrieval or retrieval_reasoning)"),
+                    f"a head-score profile ({', '.join(_HEAD_SCORE_KINDS[:-1])} or {_HEAD_SCORE_KINDS[-1]})"),
     "layer_retention": ("layer_retention", "a layer_retention profile"),
 }
 

@@ -15,23 +15,16 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, NoPassingTrialsError
+from ..errors import HeadprobeError
 from ..files.trial_log import read_log, settings_diff
-from ..models.registry import model_slug
-from ..probes.aggregate import profiles_from_log
-from ..probes.run import (
-    ProfileOutputs,
-    ProfileRequest,
-    ProfileResult,
-    ProgressFactory,
-    check_profile_run,
-    run_profile,
-)
+from ..probes.plan import ProfilePlan, ResolvedProfile, check_profile_run
+from ..probes.request import ProfileRequest
+from ..probes.run import ProfileResult, ProgressFactory, resolve_profile, run_profile, write_log_profiles
 from .ranks import Ranks
 
 
-def check_profile_run_on_ranks(request: ProfileRequest, model_name: str, ranks: Ranks) -> ProfileOutputs:
-    """:func:`~headprobe.probes.run.check_profile_run` for this rank: its own shard's logs, and on rank 0
+def check_profile_run_on_ranks(request: ProfileRequest, model_name: str, ranks: Ranks) -> ProfilePlan:
+    """:func:`~headprobe.probes.plan.check_profile_run` for this rank: its own shard's logs, and on rank 0
     the profiles of the whole grid, which it writes. With one rank this is ``check_profile_run``."""
     if not ranks.distributed:
         return check_profile_run(request, model_name)
@@ -40,12 +33,14 @@ def check_profile_run_on_ranks(request: ProfileRequest, model_name: str, ranks: 
     return check_profile_run(mine, model_name, profiles_of=request if ranks.is_main else None)
 
 
-def run_profile_on_ranks(loaded: Any, request: ProfileRequest, ranks: Ranks,
+def run_profile_on_ranks(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedProfile, ranks: Ranks,
                          progress: ProgressFactory | None = None, version: str = "") -> ProfileResult:
     """:func:`~headprobe.probes.run.run_profile` with the grid split over ``ranks``; rank 0 writes the profiles.
 
-    With one rank this is ``run_profile``. Each rank resumes its own log with ``request.resume``, so a
-    launch in which a rank died is rerun with ``resume`` and redoes no finished trial.
+    With one rank this is ``run_profile``. ``request`` is a request (checked here for this rank) or this
+    rank's plan (:func:`check_profile_run_on_ranks`), resolved or not. Each rank resumes its own log with
+    ``request.resume``, so a launch in which a rank died is rerun with ``resume`` and redoes no finished
+    trial.
 
     Returns
     -------
@@ -56,14 +51,19 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest, ranks: Ranks,
     Raises
     ------
     HeadprobeError
-        ``request.shard`` set as well (the ranks already split the grid), or logs whose settings differ
-        between ranks.
+        ``request.shard`` set as well (the ranks already split the grid), a plan made for another rank,
+        or logs whose settings differ between ranks.
     """
     if not ranks.distributed:
         return run_profile(loaded, request, progress, version)
-    ranks.check_shard(request.shard)
-    mine = dataclasses.replace(request, shard=ranks.shard)
-    result = run_profile(loaded, mine, progress if ranks.is_main else None, version)
+    if isinstance(request, ProfileRequest):
+        request = check_profile_run_on_ranks(request, loaded.identity.name, ranks)
+    resolved = resolve_profile(loaded, request, version)
+    plan = resolved.plan
+    if plan.request.shard != ranks.shard:
+        raise HeadprobeError(f"rank {ranks.rank}: the run was checked for shard {plan.request.shard}, not "
+                             f"{ranks.shard} (check it with check_profile_run_on_ranks)")
+    result = run_profile(loaded, resolved, progress if ranks.is_main else None)
     share = {"logs": [str(p) for p in result.logs], "trials_run": result.trials_run,
              "trials_skipped": result.trials_skipped,
              "passes": [{"settings": s, "trials": t} for s, t in (read_log(p) for p in result.logs)]}
@@ -73,19 +73,9 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest, ranks: Ranks,
     merged = ProfileResult(logs=[Path(p) for s in shares for p in s["logs"]], profiles=[],
                            trials_run=sum(s["trials_run"] for s in shares),
                            trials_skipped=sum(s["trials_skipped"] for s in shares))
-    out_dir = Path(request.out_dir)
-    stem = request.name or model_slug(loaded.identity.name)
     for index in range(len(shares[0]["passes"])):
         settings, trials = merge_pass([s["passes"][index] for s in shares], [s["logs"][index] for s in shares])
-        try:
-            profiles = profiles_from_log(settings, trials)
-        except NoPassingTrialsError as exc:      # the other passes still count, as in one process
-            merged.failures.append(str(exc))
-            continue
-        for profile in profiles:
-            path = out_dir / f"{stem}.{profile.kind}.json"
-            profile.save(path)
-            merged.profiles.append(path)
+        write_log_profiles(settings, trials, plan.outputs.out_dir, plan.stem, merged)
     return merged
 
 

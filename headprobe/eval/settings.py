@@ -27,9 +27,9 @@ from typing import Any
 from ..allocation.options import format_option_value, spelled_as_setting_options
 from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
+from ..probes.registry import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
 
-PROFILE_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
 
 
 @dataclass(frozen=True)

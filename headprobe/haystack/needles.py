@@ -111,10 +111,6 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
     return needles
 
 
-def needle_set_fingerprint(path: str | Path) -> str:
-    return file_fingerprint(path)
-
-
 def needle_file_list(needle_files: Iterable[str | Path] | Mapping[str, str | Path] | None) -> list[Path]:
     """The needle files a run was given, in order: a list of paths, or (the older form) a
     ``{kind: path}`` mapping, read as its paths. Each needle's own ``kind`` decides which pass uses it."""
@@ -126,8 +122,67 @@ def needle_file_list(needle_files: Iterable[str | Path] | Mapping[str, str | Pat
     return [Path(p) for p in paths]
 
 
-def check_needle_files(files: list[Path], kinds: Iterable[str]) -> dict[Path, set[str]]:
-    """Read every needle file before a run starts and refuse one that no requested pass would use.
+@dataclass(frozen=True)
+class NeedleFiles:
+    """The needle files of a run, each read once, with their needles in file order.
+
+    Attributes
+    ----------
+    files
+        ``(path, needles)`` per file, in the order given.
+    """
+
+    files: tuple[tuple[Path, tuple[Needle, ...]], ...]
+
+    def kinds(self) -> dict[Path, set[str]]:
+        """``{path: kinds of its needles}``."""
+        return {path: {n.kind for n in needles} for path, needles in self.files}
+
+    def of_kind(self, kind: str, ids: Iterable[str] | None = None) -> tuple[list[Path], list[Needle]]:
+        """The needles of ``kind`` from every file that holds some, in file order; the shipped needle set of
+        that kind when none does (read here).
+
+        Parameters
+        ----------
+        kind
+            ``"retrieval"`` or ``"reasoning"``.
+        ids
+            Keep only these needle ids (``None`` for all).
+
+        Returns
+        -------
+        files, needles
+            The files the needles came from and the needles.
+
+        Raises
+        ------
+        HeadprobeError
+            When none of ``ids`` is among the needles.
+        """
+        used: list[Path] = []
+        needles: list[Needle] = []
+        for path, held in self.files:
+            mine = [n for n in held if n.kind == kind]
+            if mine:
+                used.append(path)
+                needles.extend(mine)
+        if not used:
+            used = [shipped_needle_file(kind)]
+            needles = [n for n in load_needles(used[0]) if n.kind == kind]
+        if ids:
+            wanted = set(ids)
+            chosen = [n for n in needles if n.id in wanted]
+            if not chosen:
+                where = ", ".join(str(p) for p in used)
+                raise HeadprobeError(f"{param('needle_ids')}: none of {', '.join(ids)} is among the {kind} needles "
+                                     f"of {where}")
+            needles = chosen
+        return used, needles
+
+
+def read_needle_files(files: list[Path], kinds: Iterable[str],
+                      readers: Mapping[str, str] | None = None) -> NeedleFiles:
+    """Read every needle file once, before a run starts, and refuse one that no requested pass would use.
 
     Parameters
     ----------
@@ -135,11 +190,8 @@ def check_needle_files(files: list[Path], kinds: Iterable[str]) -> dict[Path, se
         The needle files given (see :func:`needle_file_list`).
     kinds
         The needle kinds the requested probes read (``"retrieval"`` and/or ``"reasoning"``).
-
-    Returns
-    -------
-    dict
-        ``{path: kinds of its needles}``.
+    readers
+        Needle kind → the probes that read it, named in the refusal of a file no requested probe reads.
 
     Raises
     ------
@@ -148,68 +200,37 @@ def check_needle_files(files: list[Path], kinds: Iterable[str]) -> dict[Path, se
         files of the same kind share (trial ids are made from needle ids).
     """
     wanted = set(kinds)
-    found: dict[Path, set[str]] = {}
+    read: list[tuple[Path, tuple[Needle, ...]]] = []
     owner: dict[tuple[str, str], Path] = {}
     for path in files:
-        if any(path.resolve() == other.resolve() for other in found):
+        if any(path.resolve() == other.resolve() for other, _ in read):
             raise HeadprobeError(f"{param('needle_files', str(path))}: given twice")
-        needles = load_needles(path)
-        found[path] = {n.kind for n in needles}
-        if not found[path] & wanted:
-            have = " and ".join(sorted(found[path]))
-            used_by = {"retrieval": "retrieval or enhanced_retrieval", "reasoning": "retrieval_reasoning"}
+        needles = tuple(load_needles(path))
+        held = {n.kind for n in needles}
+        if not held & wanted:
+            have = " and ".join(sorted(held))
+            used_by = [readers[k] for k in sorted(held) if readers and k in readers]
+            hint = f" (the {' and '.join(used_by)} probe does)" if used_by else ""
             raise HeadprobeError(f"{param('needle_files', str(path))}: holds only {have} needles, which no requested "
-                                 f"probe reads (the {' and '.join(used_by[k] for k in sorted(found[path]))} "
-                                 "probe does)")
+                                 f"probe reads{hint}")
         for n in needles:
             if (n.kind, n.id) in owner:
                 raise FileFormatError(path, "id", f"needle id {n.id!r} is also in {owner[(n.kind, n.id)]}; "
                                       "ids must be unique across the needle files of a run")
             owner[(n.kind, n.id)] = path
-    return found
+        read.append((path, needles))
+    return NeedleFiles(tuple(read))
+
+
+def check_needle_files(files: list[Path], kinds: Iterable[str],
+                       readers: Mapping[str, str] | None = None) -> dict[Path, set[str]]:
+    """:func:`read_needle_files`, returning ``{path: kinds of its needles}``."""
+    return read_needle_files(files, kinds, readers).kinds()
 
 
 def gather_needles(files: list[Path], kind: str, ids: list[str] | None = None) -> tuple[list[Path], list[Needle]]:
-    """The needles of ``kind`` from every given file that holds some, in file order; the shipped needle
-    set of that kind when none does.
-
-    Parameters
-    ----------
-    files
-        Needle files of any kinds (see :func:`needle_file_list`).
-    kind
-        ``"retrieval"`` or ``"reasoning"``.
-    ids
-        Keep only these needle ids (``None`` for all).
-
-    Returns
-    -------
-    files, needles
-        The files the needles came from and the needles.
-
-    Raises
-    ------
-    HeadprobeError
-        When none of ``ids`` is among the needles.
-    """
-    used: list[Path] = []
-    needles: list[Needle] = []
-    for path in files:
-        mine = [n for n in load_needles(path) if n.kind == kind]
-        if mine:
-            used.append(path)
-            needles.extend(mine)
-    if not used:
-        used = [shipped_needle_file(kind)]
-        needles = [n for n in load_needles(used[0]) if n.kind == kind]
-    if ids:
-        chosen = [n for n in needles if n.id in set(ids)]
-        if not chosen:
-            where = ", ".join(str(p) for p in used)
-            raise HeadprobeError(f"{param('needle_ids')}: none of {', '.join(ids)} is among the {kind} needles of "
-                                 f"{where}")
-        needles = chosen
-    return used, needles
+    """The needles of ``kind`` from every given file that holds some (see :meth:`NeedleFiles.of_kind`)."""
+    return NeedleFiles(tuple((Path(p), tuple(load_needles(p))) for p in files)).of_kind(kind, ids)
 
 
 def needle_set_record(files: list[Path], needles: list[Needle],

@@ -21,12 +21,17 @@ from ..models.identity import ModelIdentity
 from ..profile import LayerRetention, Profile, reduce_groups
 from .bootstrap import BootstrapSettings, interval_block, top_k_jaccard
 from .early_stop import StopRule
-from .trial_grid import TrialSpec, make_grid, shard_trials
+from .registry import get_pass, pass_of_kind, probe_passes
 
 
 def gate_name(kind: str, settings: dict[str, Any]) -> str:
-    """The gate a trial of this kind must pass: ``"published"`` or (reasoning, on request) ``"likelihood"``."""
-    return settings.get("gate", "published") if kind == "retrieval_reasoning" else "published"
+    """The gate a trial of this kind must pass: the log's gate (``"published"`` or ``"likelihood"``) when the
+    kind's pass takes the request's gate (the reasoning pass), else ``"published"``."""
+    return settings.get("gate", "published") if _takes_gate(kind) else "published"
+
+
+def _takes_gate(kind: str) -> bool:
+    return pass_of_kind(kind).implementation.takes_gate
 
 
 def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any], records: list[dict[str, Any]],
@@ -46,7 +51,7 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
         entry["total"] += 1
         entry["passed"] += int(bool(r["gates"].get(gate)))
     if not passed:
-        hint = f" or {param('gate', 'likelihood')}" if kind == "retrieval_reasoning" else ""
+        hint = f" or {param('gate', 'likelihood')}" if _takes_gate(kind) else ""
         raise NoPassingTrialsError(
             f"{kind}: none of the {len(records)} trials passed the {gate} gate, so there is nothing to average; "
             f"try shorter {param('lengths')}, other {param('needle_ids')}{hint} (see the responses in the trial log)"
@@ -86,13 +91,14 @@ def stopping_block(settings: dict[str, Any], trials_run: int, per_trial: np.ndar
             "stable": jaccard is not None and jaccard >= rule.jaccard}
 
 
-def retention_profile(identity: ModelIdentity, settings: dict[str, Any], records: list[dict[str, Any]]) -> Profile:
-    """Layer-retention profile: per task type, mean and standard deviation of each layer's share."""
+def retention_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
+                      records: list[dict[str, Any]]) -> Profile:
+    """Layer-retention profile of ``kind``: per task type, mean and standard deviation of each layer's share."""
     by_task: dict[str, list[list[float]]] = {}
     for r in records:
         by_task.setdefault(r["task"], []).append(r["retention"])
     if not by_task:
-        raise NoPassingTrialsError("layer_retention: no samples were run")
+        raise NoPassingTrialsError(f"{kind}: no samples were run")
     retention = {}
     for task, rows in sorted(by_task.items()):
         n = len(rows)
@@ -100,10 +106,10 @@ def retention_profile(identity: ModelIdentity, settings: dict[str, Any], records
         std = [math.sqrt(math.fsum((row[l] - mean[l]) ** 2 for row in rows) / n) for l in range(identity.num_layers)]
         retention[task] = LayerRetention(mean=mean, std=std, samples=n)
     keys = ("window", "kernel_size", "capacity", "max_tokens")
-    probe = {**{k: v for k, v in settings.items() if k not in ("probes",)}, "kind": "layer_retention"}
+    probe = {**{k: v for k, v in settings.items() if k not in ("probes",)}, "kind": kind}
     trials = {"total": len(records), "passed": len(records),
               "per_task": {t: len(v) for t, v in sorted(by_task.items())}}
-    return Profile(kind="layer_retention", model=identity, probe=probe, trials=trials, retention=retention,
+    return Profile(kind=kind, model=identity, probe=probe, trials=trials, retention=retention,
                    retention_settings={k: settings.get(k) for k in keys if k in settings})
 
 
@@ -118,8 +124,9 @@ def read_profile_log(path: str | Path) -> tuple[dict[str, Any], list[tuple[int, 
         Naming the settings field that is missing or of the wrong type.
     """
     settings, records = read_log_records(path)
-    if settings.get("pass") not in ("retrieval", "reasoning", "layer_retention"):
-        raise FileFormatError(path, "settings.pass", "expected retrieval, reasoning or layer_retention, found "
+    if get_pass(str(settings.get("pass"))) is None:
+        names = [p.name for p in probe_passes()]
+        raise FileFormatError(path, "settings.pass", f"expected {', '.join(names[:-1])} or {names[-1]}, found "
                               f"{settings.get('pass')!r}")
     ModelIdentity.from_json(settings.get("model"), path, "settings.model")
     return settings, records
@@ -127,65 +134,43 @@ def read_profile_log(path: str | Path) -> tuple[dict[str, Any], list[tuple[int, 
 
 # ---- checking records ----------------------------------------------------------------------------
 
-def score_kinds(settings: dict[str, Any]) -> tuple[str, ...]:
-    """The head-score kinds a needle pass's records carry (and its profiles average)."""
-    kinds = ("retrieval", "enhanced_retrieval") if settings["pass"] == "retrieval" else ("retrieval_reasoning",)
-    return tuple(k for k in kinds if k in settings.get("probes", kinds))
-
-
 def check_trial_records(settings: dict[str, Any], records: Iterable[tuple[str, dict[str, Any]]]) -> None:
-    """Check every ``(where, record)`` of a profiling pass's log before it is averaged.
-
-    ``where`` names the record in messages (``"file:line"``). A needle record needs its id, needle,
-    length, depth and seed (the id must be the one they make), a boolean for the gate its scores are
-    counted under, and for each score kind of the pass a ``[layers][query_heads]`` matrix of finite,
-    non-negative numbers; a layer-retention record needs its task and ``[layers]`` finite, non-negative
-    shares.
+    """Check every ``(where, record)`` of a profiling pass's log before it is averaged, by the rules of its
+    pass (``settings["pass"]``, :meth:`~headprobe.probes.pass_steps.PassSteps.check_records`); ``where``
+    names the record in messages (``"file:line"``).
 
     Raises
     ------
     FileFormatError
         Naming the record's place and field.
     """
-    identity = ModelIdentity.from_json(settings["model"], "<trial log>")
-    layers, heads = identity.num_layers, identity.num_query_heads
-    if settings["pass"] == "layer_retention":
-        for where, r in records:
-            _require(r, "task", str, where)
-            _require_numbers(r.get("retention"), [layers], where, "retention")
-        return
-    kinds = score_kinds(settings)
-    gates = sorted({gate_name(k, settings) for k in kinds})
-    for where, r in records:
-        for key, kind in (("needle", str), ("length", int), ("depth", (int, float)), ("seed", int),
-                          ("gates", dict), ("scores", dict)):
-            _require(r, key, kind, where)
-        expected = TrialSpec(r["length"], r["seed"], r["depth"], r["needle"]).id
-        if r["trial"] != expected:
-            raise FileFormatError(where, "trial", f"expected {expected!r} (from its needle, length, depth and seed), "
-                                  f"found {r['trial']!r}")
-        for gate in gates:
-            if not isinstance(r["gates"].get(gate), bool):
-                raise FileFormatError(where, f"gates.{gate}", f"expected true or false, found {r['gates'].get(gate)!r}")
-        for kind in kinds:
-            _require_numbers(r["scores"].get(kind), [layers, heads], where, f"scores.{kind}")
+    _steps(settings).check_records(settings, list(records))
 
 
-def _require(record: dict[str, Any], key: str, kind: type | tuple, where: str) -> None:
+def _steps(settings: dict[str, Any]) -> Any:
+    """The steps of the pass a log's settings name."""
+    probe_pass = get_pass(str(settings.get("pass")))
+    if probe_pass is None:
+        raise FileFormatError("<trial log>", "settings.pass", f"no probe pass {settings.get('pass')!r}")
+    return probe_pass.implementation
+
+
+def require_field(record: dict[str, Any], key: str, kind: type | tuple, where: str) -> None:
+    """``record[key]`` is a ``kind`` (not a boolean)."""
     value = record.get(key)
     if value is None or isinstance(value, bool) or not isinstance(value, kind):
         names = {str: "a string", int: "an integer", dict: "an object", (int, float): "a number"}
         raise FileFormatError(where, key, f"expected {names.get(kind, 'a value')}, found {value!r}")
 
 
-def _require_numbers(value: Any, shape: list[int], where: str, name: str) -> None:
+def require_numbers(value: Any, shape: list[int], where: str, name: str) -> None:
     """``value`` is a nested list of ``shape`` holding finite numbers >= 0."""
     if len(shape) > 1:
         if not isinstance(value, list) or len(value) != shape[0]:
             found = f"{len(value)} rows" if isinstance(value, list) else repr(value)[:40]
             raise FileFormatError(where, name, f"expected {shape[0]} rows (one per layer), found {found}")
         for i, row in enumerate(value):
-            _require_numbers(row, shape[1:], where, f"{name}[{i}]")
+            require_numbers(row, shape[1:], where, f"{name}[{i}]")
         return
     if not isinstance(value, list) or len(value) != shape[0]:
         found = f"{len(value)} values" if isinstance(value, list) else repr(value)[:40]
@@ -220,12 +205,6 @@ class MergedLogs:
     missing: int
     missing_ids: list[str]
     shards: list[list[int]]
-
-
-def expected_trials(settings: dict[str, Any]) -> list[TrialSpec]:
-    """The trial grid a needle pass's settings describe (needles × lengths × depths × seeds)."""
-    return make_grid(list(settings["needle_set"]["ids"]), list(settings["lengths"]), list(settings["depths"]),
-                     list(settings["seeds"]))
 
 
 def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLogs:
@@ -265,55 +244,22 @@ def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLo
             if r["trial"] not in merged:
                 merged[r["trial"]] = r
                 where_of[r["trial"]] = where
-    missing_ids: list[str] = []
-    if settings["pass"] == "layer_retention":
-        missing = max(0, int(settings.get("samples", len(merged))) - len(merged))
-        what = f"{missing} of {settings.get('samples')} layer-retention samples are missing"
-    else:
-        grid = expected_trials(settings)
-        ids = {t.id for t in grid}
-        for trial, where in where_of.items():
-            if trial not in ids:
-                raise FileFormatError(where, "trial", f"{trial!r} is not in the grid of the log's settings")
-        missing_ids = [t.id for t in grid if t.id not in merged]
-        missing = len(missing_ids)
-        what = f"{missing} of {len(grid)} trials of the grid are missing" + _missing_shards(grid, missing_ids, shards)
+    gap = _steps(settings).missing_trials(settings, where_of, shards)
+    missing, missing_ids = gap.count, gap.ids
     if missing and not allow_partial:
-        raise HeadprobeError(f"merge: {what}; give every shard's log (finish unfinished shards with "
+        raise HeadprobeError(f"merge: {gap.what}; give every shard's log (finish unfinished shards with "
                              f"{param('resume', True)}) or pass {param('allow_partial', True)} to merge what is there")
     return MergedLogs({**settings, "shard": None}, sorted(merged.values(), key=lambda r: r["trial"]), missing,
                       missing_ids, shards)
 
 
-def _missing_shards(grid: list[TrialSpec], missing: list[str], shards: list[list[int]]) -> str:
-    """``" (shards 1/4, 3/4 not given; first: r01|len=...)"``: where the missing trials are."""
-    if not missing:
-        return ""
-    counts = {n for _, n in shards}
-    parts = []
-    if len(counts) == 1:
-        n = counts.pop()
-        given, lacking = {i for i, _ in shards}, set(missing)
-        absent = [f"{i}/{n}" for i in range(n) if i not in given and
-                  any(t.id in lacking for t in shard_trials(grid, (i, n)))]
-        if absent:
-            parts.append(f"shard{'s' if len(absent) > 1 else ''} {', '.join(absent)} not given")
-    parts.append(f"first: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''}")
-    return f" ({'; '.join(parts)})"
-
-
 def profiles_from_log(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[Profile]:
-    """Every profile a log holds (retrieval logs give retrieval and enhanced-retrieval profiles)."""
-    identity = ModelIdentity.from_json(settings["model"], "<trial log>")
-    reduction = settings.get("group_reduction", "mean")
-    if settings["pass"] == "layer_retention":
-        return [retention_profile(identity, settings, records)]
-    profiles, failures = [], []
-    for kind in score_kinds(settings):
-        try:
-            profiles.append(needle_profile(kind, identity, settings, records, reduction))
-        except NoPassingTrialsError as exc:
-            failures.append(str(exc))
-    if failures and not profiles:
-        raise NoPassingTrialsError("; ".join(failures))
-    return profiles
+    """Every profile a log holds, averaged by its pass (retrieval logs give retrieval and enhanced-retrieval
+    profiles).
+
+    Raises
+    ------
+    NoPassingTrialsError
+        When the pass can make no profile of the log.
+    """
+    return _steps(settings).profiles(settings, records)

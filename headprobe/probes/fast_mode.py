@@ -31,22 +31,21 @@ from ..haystack.context import TrialContext, build_context, common_prefix_length
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
 from ..models.cache_argument import with_cache
-from .head_scores import copy_scores, reasoning_scores
 from .layer_scores import (
     AnswerSpans,
     LayerRows,
     LayerScores,
+    StepScorer,
     copy_scores_by_layer,
     reasoning_scores_by_layer,
-    score_names,
-    weight_score_name,
+    zero_totals,
 )
 from .prompt_cache import HaystackCaches, batch_cache, crop_cache, prefix_cache
 from .trial_grid import TrialSpec
 from .trial_record import trial_gates, trial_record
 
 if TYPE_CHECKING:
-    from .probe_config import NeedleProbeConfig
+    from .probe_config import NeedleProbeConfig, NeedleScores
 
 #: Token id that never equals a prompt token (prompt tokens past a prompt's end are -1).
 _NO_TOKEN = -2
@@ -185,10 +184,6 @@ class FastBatch:
         return self.attention.shape[1]
 
     @property
-    def kind(self) -> str:
-        return self.needles[0].kind
-
-    @property
     def variant_names(self) -> list[str]:
         """Every variant some trial has, in first-seen order (``"gold"`` first)."""
         return list(dict.fromkeys(name for forms in self.variants for name in forms))
@@ -233,7 +228,8 @@ def run_fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[Tr
     layers, heads = identity.num_layers, identity.num_query_heads
     with RowRecorder(model) as rec:
         step0 = prompt_step(model, rec, batch, cache, config.split_attention, layers, heads, loaded.device)
-        results = {name: run_variant(model, rec, batch, cache, step0, name, layers, heads, loaded.device)
+        results = {name: run_variant(model, rec, batch, cache, step0, name, config.scores, layers, heads,
+                                     loaded.device)
                    for name in batch.variant_names}
     return batch_records(loaded.tokenizer, batch, results)
 
@@ -326,56 +322,36 @@ class VariantResult:
 
 
 def run_variant(model, recorder: RowRecorder, batch: FastBatch, cache, step0: PromptStep, name: str,
-                layers: int, heads: int, device: torch.device) -> VariantResult:
-    """Score variant ``name``: step 0 from the prompt forward, the rest from a continuation on ``cache``
-    (cut back to ``batch.total`` positions after)."""
+                scores: NeedleScores, layers: int, heads: int, device: torch.device) -> VariantResult:
+    """Score variant ``name`` (``scores``: which scores, under which names): step 0 from the prompt
+    forward, the rest from a continuation on ``cache`` (cut back to ``batch.total`` positions after)."""
     forced = [forms.get(name, []) for forms in batch.variants]
-    result = _variant_step0(batch, step0, forced, layers, heads)
+    result = _variant_step0(batch, step0, forced, scores, layers, heads)
     steps = max(len(f) for f in forced) - 1
     if steps > 0:
-        _continue_variant(model, recorder, batch, cache, result, steps, device)
+        _continue_variant(model, recorder, batch, cache, result, scores, steps, device)
     return result
 
 
-def _variant_step0(batch: FastBatch, step0: PromptStep, forced: list[list[int]], layers: int,
+def _variant_step0(batch: FastBatch, step0: PromptStep, forced: list[list[int]], scores: NeedleScores, layers: int,
                    heads: int) -> VariantResult:
     """A variant's result after its first token: step 0's scores, greedy token and log-probability."""
     has = torch.tensor([len(f) > 0 for f in forced])
-    totals = {n: torch.zeros(batch.size, layers, heads, dtype=torch.float64) for n in score_names(batch.kind)}
-    totals[weight_score_name(batch.kind)] += step0.weight_scores * has[:, None, None]
-    if "retrieval" in totals:
+    totals = zero_totals(scores, batch.size, layers, heads)
+    totals[scores.weight] += step0.weight_scores * has[:, None, None]
+    if scores.copy is not None:
         tokens0 = torch.tensor([[f[0] if f else _NO_TOKEN] for f in forced])
         device = next(iter(step0.rows.values()))[0].device if step0.rows else torch.device("cpu")
-        scores = copy_scores_by_layer(step0.rows, _spans_on(batch.spans, device), tokens0.to(device),
+        copied = copy_scores_by_layer(step0.rows, _spans_on(batch.spans, device), tokens0.to(device),
                                       has[:, None].to(device))
-        _to_host(scores).add_to(totals["retrieval"])
+        _to_host(copied).add_to(totals[scores.copy])
     greedy = [[int(step0.logp[b].argmax())] if f else [] for b, f in enumerate(forced)]
     likelihood = [float(step0.logp[b, f[0]]) if f else 0.0 for b, f in enumerate(forced)]
     return VariantResult(forced, greedy, likelihood, totals)
 
 
-@dataclass
-class _ContinuationScorer:
-    """Row-recorder callback that adds a continuation's scores, layer by layer, to ``totals``."""
-
-    totals: dict[str, torch.Tensor]
-    weight_name: str
-    spans: AnswerSpans
-    step_tokens: torch.Tensor
-    step_mask: torch.Tensor
-
-    def __call__(self, layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
-        spans = self.spans          # on the rows' device, like the step tensors
-        if "retrieval" in self.totals:
-            self.totals["retrieval"][:, layer] += copy_scores(rows, key_positions, spans.start, spans.end,
-                                                              self.step_tokens, self.step_mask,
-                                                              spans.prompt_tokens).cpu()
-        self.totals[self.weight_name][:, layer] += reasoning_scores(rows, key_positions, spans.start, spans.end,
-                                                                    self.step_mask).cpu()
-
-
-def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, result: VariantResult, steps: int,
-                      device: torch.device) -> None:
+def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, result: VariantResult,
+                      scores: NeedleScores, steps: int, device: torch.device) -> None:
     """Teacher-force tokens 1.. of each trial's variant (right-padded to ``steps``) after the prompt;
     add their scores, greedy tokens and log-probabilities to ``result``."""
     size, total = batch.size, batch.total
@@ -391,8 +367,8 @@ def _continue_variant(model, recorder: RowRecorder, batch: FastBatch, cache, res
     positions = batch.prompt_len[:, None] + torch.arange(steps)[None]        # absolute
     key_positions = torch.cat([torch.arange(total)[None].expand(size, -1), positions], dim=1)
     full_mask = torch.cat([batch.attention, mask], dim=1)
-    scorer = _ContinuationScorer(result.totals, weight_score_name(batch.kind), _spans_on(batch.spans, device),
-                                 step_tokens.to(device), mask.bool().to(device))
+    scorer = StepScorer(result.totals, scores, _spans_on(batch.spans, device), step_tokens.to(device),
+                        mask.bool().to(device))
     recorder.request = RowRequest(positions.to(device), total, scorer, key_mask=full_mask.bool().to(device),
                                   query_index=torch.arange(steps)[None].expand(size, -1).to(device),
                                   key_positions=key_positions.to(device))
@@ -420,7 +396,7 @@ def batch_records(tokenizer, batch: FastBatch, results: dict[str, VariantResult]
             chosen, exact = "restated", True
         response = tokenizer.decode(results[chosen].greedy[i], skip_special_tokens=True)
         margin = None
-        if needle.kind == "reasoning":
+        if "distractor" in batch.variants[i]:       # reasoning needles: the likelihood gate's margin
             margin = results["gold"].likelihood[i] - results["distractor"].likelihood[i]
         gates, passed = trial_gates(needle, response, margin, exact)
         scores = {name: total[i] for name, total in results[chosen].totals.items()}

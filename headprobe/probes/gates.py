@@ -86,6 +86,13 @@ class GateChoice:
         limit = f"{AUTO_LIKELIHOOD_BELOW / 1e9:g}B"
         return f"{self.gate} (auto: {size}, {'below' if self.gate == 'likelihood' else 'at least'} {limit})"
 
+    @classmethod
+    def from_settings(cls, settings: dict[str, Any]) -> GateChoice:
+        """The choice a trial log's settings record (:meth:`settings`, beside ``gate``)."""
+        auto = settings.get("gate_auto")
+        gate = settings.get("gate", "published")
+        return cls(gate, "auto", auto["parameters"]) if auto else cls(gate, gate, 0)
+
     def settings(self) -> dict[str, Any]:
         """What a trial log records beside ``gate`` when the gate was chosen automatically."""
         if self.requested != "auto":

@@ -1,12 +1,15 @@
-"""A step's head scores for every layer at once: the rows of all layers scored in one call.
+"""Head scores of response steps: every layer at once, or layer by layer as the rows arrive.
 
-Retrieval needles give two scores per head, ``retrieval`` (Wu et al.'s copy score) and
-``enhanced_retrieval`` (HeadKV-ER); reasoning needles give ``retrieval_reasoning`` (HeadKV-R2). ER and
-R2 are the same rule (:func:`~headprobe.probes.head_scores.reasoning_scores`); the copy score is
+A needle pass names the scores it records (:class:`~headprobe.probes.probe_config.NeedleScores`): the
+retrieval pass the copy score (Wu et al.) as ``retrieval`` and the attention-weight score as
+``enhanced_retrieval`` (HeadKV-ER), the reasoning pass the attention-weight score as
+``retrieval_reasoning`` (HeadKV-R2). ER and R2 are the same rule (:func:`~headprobe.probes.head_scores.reasoning_scores`); the copy score is
 :func:`~headprobe.probes.head_scores.copy_scores`. The row recorder hands over rows layer by layer;
 :func:`copy_scores_by_layer` and :func:`reasoning_scores_by_layer` stack the layers whose rows have one
 shape along the batch axis and score them in one call. Each trial and layer is scored exactly as it would
 be alone: the scores are per row, and the stacking only repeats the per-trial inputs.
+:class:`StepScorer` is the row callback that adds the scores of a block of steps to a batch's totals as
+each layer's rows arrive (fast mode's continuations, reuse mode's response branches).
 """
 
 from __future__ import annotations
@@ -18,20 +21,16 @@ import torch
 
 from ..attention.recorder import RowCallback
 from .head_scores import copy_scores, reasoning_scores
+from .probe_config import NeedleScores
 
 #: Rows of one forward by layer: ``layer -> (rows [batch, query_heads, steps, keys],
 #: key_positions [keys] or [batch, keys])``.
 LayerRows = dict[int, tuple[torch.Tensor, torch.Tensor]]
 
 
-def score_names(kind: str) -> tuple[str, ...]:
-    """The scores a needle kind yields: ``("retrieval", "enhanced_retrieval")`` or ``("retrieval_reasoning",)``."""
-    return ("retrieval", "enhanced_retrieval") if kind == "retrieval" else ("retrieval_reasoning",)
-
-
-def weight_score_name(kind: str) -> str:
-    """The name of the attention-weight score (HeadKV-ER for retrieval needles, HeadKV-R2 for reasoning)."""
-    return "enhanced_retrieval" if kind == "retrieval" else "retrieval_reasoning"
+def zero_totals(scores: NeedleScores, batch: int, layers: int, heads: int) -> dict[str, torch.Tensor]:
+    """Score name → ``[batch, layers, query_heads]`` float64 zeros: the sums a batch of trials adds to."""
+    return {name: torch.zeros(batch, layers, heads, dtype=torch.float64) for name in scores.names}
 
 
 def collect_rows(store: LayerRows) -> RowCallback:
@@ -147,3 +146,41 @@ def _per_layer(parts: list[tuple[list[int], torch.Tensor]], batch: int) -> Layer
     layers = [layer for group, _ in parts for layer in group]
     values = torch.cat([scores.reshape(len(group), batch, -1) for group, scores in parts]).transpose(0, 1)
     return LayerScores(layers, values)
+
+
+@dataclass
+class StepScorer:
+    """Row-recorder callback that adds a block of response steps' scores, layer by layer, to ``totals``.
+
+    The scores are computed where the rows are (``spans``, ``step_tokens`` and ``step_mask`` on their
+    device); only the per-head sums ``[batch, query_heads]`` are added to ``totals`` on the host.
+
+    Attributes
+    ----------
+    totals
+        Score name → ``[batch, layers, query_heads]`` float64 sums (:func:`zero_totals`).
+    scores
+        Which scores go under which name.
+    spans
+        The batch's answer spans and prompt tokens.
+    step_tokens
+        ``[batch, steps]`` the token each step produces (for the copy score).
+    step_mask
+        ``[batch, steps]`` boolean, ``False`` for padding steps.
+    """
+
+    totals: dict[str, torch.Tensor]
+    scores: NeedleScores
+    spans: AnswerSpans
+    step_tokens: torch.Tensor
+    step_mask: torch.Tensor
+
+    def __call__(self, layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
+        """Add the scores of ``rows`` ``[batch, query_heads, steps, keys]`` (keys at ``key_positions``)."""
+        spans = self.spans
+        if self.scores.copy is not None:
+            self.totals[self.scores.copy][:, layer] += copy_scores(rows, key_positions, spans.start, spans.end,
+                                                                   self.step_tokens, self.step_mask,
+                                                                   spans.prompt_tokens).cpu()
+        self.totals[self.scores.weight][:, layer] += reasoning_scores(rows, key_positions, spans.start, spans.end,
+                                                                      self.step_mask).cpu()

@@ -1,4 +1,4 @@
-"""Needle trials: the attention rows of the answer steps, head scores and gates, in one of two modes.
+"""Needle trials, one runner per mode: the attention rows of the answer steps, head scores and gates.
 
 ``reference`` follows the published procedure: one prefill over the whole prompt, then greedy decoding
 step by step, taking the attention row of every step (:mod:`headprobe.probes.reference_mode`). ``fast``
@@ -9,6 +9,26 @@ tokens (:mod:`headprobe.probes.fast_mode`). A fast trial passes its gate only if
 have produced the gold answer, so it would have counted in reference mode too. ``reuse`` approximates
 fast mode: one haystack forward per length, and per trial only the needle, the question and a share of
 the haystack after the needle recomputed (:mod:`headprobe.probes.reuse_mode`).
+
+Every runner takes the same arguments:
+
+loaded
+    :class:`headprobe.LoadedModel`.
+haystacks
+    Haystack per seed.
+needles
+    Needles by id; all of one kind.
+trials
+    Trials still to run.
+config
+    Settings (:class:`~headprobe.probes.probe_config.NeedleProbeConfig`), the scores to record among them.
+on_trial
+    Receives each trial's record as soon as it is finished.
+progress
+    Receives the number of trials finished since its last call.
+caches
+    Fast and reuse mode: haystack prompts and their KV kept between calls (a run that calls a runner
+    several times, as early stopping does, computes each length's haystack forward once).
 """
 
 from __future__ import annotations
@@ -25,52 +45,38 @@ from .reference_mode import run_reference_trial
 from .reuse_mode import run_reuse_length_group
 from .trial_grid import TrialSpec
 
+OnTrial = Callable[[dict[str, Any]], None]
 
-def run_needle_trials(
-    loaded,
-    haystacks: dict[int, Haystack],
-    needles: dict[str, Needle],
-    trials: list[TrialSpec],
-    config: NeedleProbeConfig,
-    on_trial: Callable[[dict[str, Any]], None],
-    progress: Callable[[int], None] | None = None,
-    caches: HaystackCaches | None = None,
-) -> None:
-    """Run ``trials`` and hand each finished trial's record to ``on_trial`` (which appends it to the log).
 
-    Parameters
-    ----------
-    loaded
-        :class:`headprobe.LoadedModel`.
-    haystacks
-        Haystack per seed.
-    needles
-        Needles by id; all of one kind.
-    trials
-        Trials still to run.
-    config
-        Mode and settings.
-    on_trial
-        Receives each trial's record as soon as it is finished.
-    progress
-        Receives the number of trials finished since its last call.
-    caches
-        Fast and reuse mode: haystack prompts and their KV kept between calls (a run that calls this
-        function several times, as early stopping does, computes each length's haystack forward once).
-    """
-    if config.mode == "reference":
-        for spec in trials:
-            on_trial(run_reference_trial(loaded, haystacks[spec.seed], needles[spec.needle_id], spec, config))
-            if progress:
-                progress(1)
-        return
+def run_reference_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
+                         config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
+                         caches: HaystackCaches | None = None) -> None:
+    """Reference mode: each trial by greedy decoding, one at a time (``caches`` is not used)."""
+    for spec in trials:
+        on_trial(run_reference_trial(loaded, haystacks[spec.seed], needles[spec.needle_id], spec, config))
+        if progress:
+            progress(1)
+
+
+def run_fast_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
+                    config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
+                    caches: HaystackCaches | None = None) -> None:
+    """Fast mode: teacher-forced batches on each length's shared haystack prefix."""
+    for (length, seed), group in _length_groups(trials):
+        run_fast_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress, caches)
+
+
+def run_reuse_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
+                     config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
+                     caches: HaystackCaches | None = None) -> None:
+    """Reuse mode: each trial on its length's haystack KV, a share of it recomputed."""
+    for (length, seed), group in _length_groups(trials):
+        run_reuse_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress, caches)
+
+
+def _length_groups(trials: list[TrialSpec]) -> list[tuple[tuple[int, int], list[TrialSpec]]]:
+    """``trials`` by ``(length, seed)``, in that order."""
     by_length: dict[tuple[int, int], list[TrialSpec]] = {}
     for spec in trials:
         by_length.setdefault((spec.length, spec.seed), []).append(spec)
-    for (length, seed), group in sorted(by_length.items()):
-        if config.mode == "reuse":
-            run_reuse_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress,
-                                   caches)
-        else:
-            run_fast_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress,
-                                  caches)
+    return sorted(by_length.items())

@@ -1,4 +1,5 @@
-"""The settings of a needle probe run, shared by the fast, reference and reuse modes."""
+"""The settings of a needle probe run, shared by the fast, reference and reuse modes, and the head scores it
+records (:class:`NeedleScores`, a needle pass's score names)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,37 @@ from dataclasses import dataclass
 from .modes import DEFAULT_RECOMPUTE_SHARE
 
 
+@dataclass(frozen=True)
+class NeedleScores:
+    """The head scores a needle pass records per trial, by name (each name a profile kind of the pass).
+
+    Attributes
+    ----------
+    weight
+        The attention-weight score (HeadKV-ER for retrieval needles, HeadKV-R2 for reasoning needles,
+        :func:`~headprobe.probes.head_scores.reasoning_scores`).
+    copy
+        The copy score (Wu et al., :func:`~headprobe.probes.head_scores.copy_scores`), or ``None`` for a
+        pass that does not record it.
+    """
+
+    weight: str
+    copy: str | None = None
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Every score name, the copy score first."""
+        return (self.copy, self.weight) if self.copy else (self.weight,)
+
+
 @dataclass
 class NeedleProbeConfig:
     """Settings of a needle probe run.
 
     Attributes
     ----------
+    scores
+        The head scores the trials record (the needle pass's, :class:`NeedleScores`).
     mode
         ``"fast"``, ``"reference"`` or ``"reuse"``.
     chat_template
@@ -34,6 +60,7 @@ class NeedleProbeConfig:
         Reuse mode: share of the haystack after the needle recomputed in every layer (``1`` = exact).
     """
 
+    scores: NeedleScores
     mode: str = "fast"
     chat_template: bool = True
     batch_size: int = 4

@@ -26,15 +26,14 @@ from .layer_scores import (
     collect_rows,
     copy_scores_by_layer,
     reasoning_scores_by_layer,
-    score_names,
-    weight_score_name,
+    zero_totals,
 )
 from .prompt_cache import crop_cache
 from .trial_grid import TrialSpec
 from .trial_record import trial_gates, trial_record
 
 if TYPE_CHECKING:
-    from .probe_config import NeedleProbeConfig
+    from .probe_config import NeedleProbeConfig, NeedleScores
 
 
 def eos_ids(loaded) -> set[int]:
@@ -58,10 +57,9 @@ def run_reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialS
     spans = AnswerSpans(torch.tensor([ctx.answer_span[0]]), torch.tensor([ctx.answer_span[1]]), prompt)
     gold = response_tokens(tok, ctx, needle.answer)
     steps = len(gold) if needle.kind == "reasoning" else config.max_new_tokens
-    totals = {n: torch.zeros(1, identity.num_layers, identity.num_query_heads, dtype=torch.float64)
-              for n in score_names(needle.kind)}
+    totals = zero_totals(config.scores, 1, identity.num_layers, identity.num_query_heads)
     cache = DynamicCache()
-    generated = decode_scored_steps(loaded, prompt, steps, cache, spans, needle.kind, totals)
+    generated = decode_scored_steps(loaded, prompt, steps, cache, spans, config.scores, totals)
     response = tok.decode(generated, skip_special_tokens=True)
     margin = None
     if needle.kind == "reasoning":
@@ -69,13 +67,13 @@ def run_reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialS
         margin = candidate_margin(loaded, cache, prompt, needle, ctx, gold_rows)
         if config.gate == "likelihood":
             mask = torch.ones(1, len(gold), dtype=torch.bool)
-            reasoning_scores_by_layer(gold_rows, spans, mask).write_to(totals["retrieval_reasoning"])
+            reasoning_scores_by_layer(gold_rows, spans, mask).write_to(totals[config.scores.weight])
     gates, passed = trial_gates(needle, response, margin, None)
     scores = {name: total[0] for name, total in totals.items()}
     return trial_record(spec, ctx, response, scores, gates, passed, time.perf_counter() - start, "reference")
 
 
-def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: AnswerSpans, kind: str,
+def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: AnswerSpans, scores: NeedleScores,
                         totals: dict[str, torch.Tensor]) -> list[int]:
     """Greedy decoding that adds each step's head scores to ``totals``.
 
@@ -89,8 +87,8 @@ def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: 
         An empty :class:`~transformers.DynamicCache`; it holds the prompt and the decoded tokens after.
     spans
         The trial's answer span and prompt tokens.
-    kind
-        The needle kind (which scores are kept).
+    scores
+        Which scores are kept, under which names.
     totals
         Score name → ``[1, layers, query_heads]`` float64, added to in place.
 
@@ -114,7 +112,7 @@ def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: 
             token = int(out.logits[0, -1].argmax())
             if token in eos:
                 break
-            _add_step_scores(step_rows, spans, kind, token, totals)
+            _add_step_scores(step_rows, spans, scores, token, totals)
             step_rows.clear()
             generated.append(token)
             block_start = position + 1
@@ -122,13 +120,13 @@ def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: 
     return generated
 
 
-def _add_step_scores(step_rows: LayerRows, spans: AnswerSpans, kind: str, token: int,
+def _add_step_scores(step_rows: LayerRows, spans: AnswerSpans, scores: NeedleScores, token: int,
                      totals: dict[str, torch.Tensor]) -> None:
     """Add one decoding step's scores, all layers at once (``step_rows``: ``[1, heads, 1, keys]`` per layer)."""
     mask = torch.ones(1, 1, dtype=torch.bool)
-    if "retrieval" in totals:
-        copy_scores_by_layer(step_rows, spans, torch.tensor([[token]]), mask).add_to(totals["retrieval"])
-    reasoning_scores_by_layer(step_rows, spans, mask).add_to(totals[weight_score_name(kind)])
+    if scores.copy is not None:
+        copy_scores_by_layer(step_rows, spans, torch.tensor([[token]]), mask).add_to(totals[scores.copy])
+    reasoning_scores_by_layer(step_rows, spans, mask).add_to(totals[scores.weight])
 
 
 @torch.no_grad()

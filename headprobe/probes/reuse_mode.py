@@ -25,15 +25,14 @@ from ..haystack.context import build_context, common_prefix_length
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
 from .fast_mode import VariantResult, batch_records, build_batch
-from .head_scores import copy_scores, reasoning_scores
-from .layer_scores import AnswerSpans, score_names, weight_score_name
+from .layer_scores import AnswerSpans, StepScorer, zero_totals
 from .modes import check_recompute_share
 from .prompt_cache import HaystackCaches
 from .selective_prefill import Branches, check_reuse_model, plan_reuse, selective_trial_forward
 from .trial_grid import TrialSpec
 
 if TYPE_CHECKING:
-    from .probe_config import NeedleProbeConfig
+    from .probe_config import NeedleProbeConfig, NeedleScores
 
 @torch.no_grad()
 def run_reuse_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,
@@ -69,7 +68,7 @@ def run_reuse_trial(loaded, base_ids: list[int], base_cache, haystack: Haystack,
     batch = build_batch(tok, [spec], [ctx], n - 1, needles)
     names = batch.variant_names
     branches = Branches([batch.variants[0].get(name, []) for name in names])
-    scorer = BranchScorer(branches, names, batch.spans, batch.kind, identity.num_layers, identity.num_query_heads)
+    scorer = BranchScorer(branches, names, batch.spans, config.scores, identity.num_layers, identity.num_query_heads)
     logp, recomputed = selective_trial_forward(loaded.model, base_cache, ctx.input_ids, plan, config.recompute_share,
                                                branches, scorer)
     results = {}
@@ -85,29 +84,22 @@ def run_reuse_trial(loaded, base_ids: list[int], base_cache, haystack: Haystack,
 
 
 class BranchScorer:
-    """Row callback of :func:`~headprobe.probes.selective_prefill.selective_trial_forward`: adds each
-    response's step scores, layer by layer, to its totals (``[1, layers, query_heads]`` per score name)."""
+    """Row callback of :func:`~headprobe.probes.selective_prefill.selective_trial_forward`: hands each
+    response's step rows (on the CPU) to its :class:`~headprobe.probes.layer_scores.StepScorer`, which adds
+    them to the response's totals (``[1, layers, query_heads]`` per score name)."""
 
-    def __init__(self, branches: Branches, names: list[str], spans: AnswerSpans, kind: str, layers: int,
+    def __init__(self, branches: Branches, names: list[str], spans: AnswerSpans, scores: NeedleScores, layers: int,
                  heads: int) -> None:
-        self.branches, self.names, self.spans = branches, names, spans
-        self.weight_name = weight_score_name(kind)
-        self.totals = {name: {s: torch.zeros(1, layers, heads, dtype=torch.float64) for s in score_names(kind)}
-                       for name in names}
+        self.branches = branches
+        self.totals = {name: zero_totals(scores, 1, layers, heads) for name in names}
+        self.scorers = {}                   # response index → its scorer (responses without tokens have none)
+        for v, name in enumerate(names):
+            steps = branches.step_rows(v)
+            if steps:
+                self.scorers[v] = StepScorer(self.totals[name], scores, spans, torch.tensor([branches.forced[v]]),
+                                             torch.ones(1, len(steps), dtype=torch.bool))
 
     def __call__(self, layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
         rows, key_positions = rows.cpu(), key_positions.cpu()
-        spans = self.spans
-        for v, name in enumerate(self.names):
-            steps = self.branches.step_rows(v)
-            if not steps:
-                continue
-            step_rows = rows[:, :, steps]
-            mask = torch.ones(1, len(steps), dtype=torch.bool)
-            totals = self.totals[name]
-            if "retrieval" in totals:
-                tokens = torch.tensor([self.branches.forced[v]])
-                totals["retrieval"][:, layer] += copy_scores(step_rows, key_positions, spans.start, spans.end, tokens,
-                                                             mask, spans.prompt_tokens)
-            totals[self.weight_name][:, layer] += reasoning_scores(step_rows, key_positions, spans.start, spans.end,
-                                                                   mask)
+        for v, scorer in self.scorers.items():
+            scorer(layer, rows[:, :, self.branches.step_rows(v)], key_positions)

@@ -229,6 +229,67 @@ def output_logprobs(model, hidden: torch.Tensor) -> torch.Tensor:
     return torch.log_softmax(logits, dim=-1)
 
 
+@dataclass(frozen=True)
+class _TrialKeys:
+    """A trial's keys in every layer: its ``n`` prompt positions, then its ``size`` branch tokens (at
+    ``branch_pos`` ``[size]``, of the responses ``branch_of`` ``[size]``)."""
+
+    n: int
+    size: int
+    branch_pos: torch.Tensor
+    branch_of: torch.Tensor
+
+    def layout(self, prompt_active: torch.Tensor, row_callback) -> KeyLayout:
+        """The attention layout of a layer that computes ``prompt_active`` and every branch token."""
+        device = self.branch_pos.device
+        key_positions = torch.cat([torch.arange(self.n, device=device), self.branch_pos])
+        key_branches = torch.cat([torch.full((self.n,), -1, device=device), self.branch_of])
+        active_pos = torch.cat([prompt_active, self.branch_pos])
+        tail = int(prompt_active[0]) if len(prompt_active) == self.n - int(prompt_active[0]) else None
+        return KeyLayout(key_positions, key_branches, active_pos,
+                         torch.cat([torch.full_like(prompt_active, -1), self.branch_of]), self.n, tail, 1 + self.size,
+                         row_callback)
+
+    def run_layer(self, layer, rotation, hidden: torch.Tensor, prompt_active: torch.Tensor, keys: torch.Tensor,
+                  values: torch.Tensor) -> torch.Tensor:
+        """``layer`` over ``hidden`` ``[1, active + size, hidden]`` (the prompt's active positions, then the
+        branch tokens), their fresh keys and values scattered into the layer's buffers."""
+        active_pos = torch.cat([prompt_active, self.branch_pos])
+        index = torch.cat([prompt_active, self.n + torch.arange(self.size, device=prompt_active.device)])
+        out = layer(hidden, attention_mask=None, position_embeddings=rotation.cos_sin(active_pos[None], hidden),
+                    position_ids=active_pos[None], **with_cache(layer, _ScatterCache(keys, values, index)))
+        return out[0] if isinstance(out, tuple) else out
+
+
+def _layer_buffers(base, plan: ReusePlan, shifted: bool, rotation, size: int, dtype: torch.dtype,
+                   device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A layer's key and value buffers ``[1, kv_heads, size, head_dim]`` for a trial: the haystack prompt's
+    cached prefix, and with ``shifted`` the reused run's cached keys (re-rotated for ``plan.shift``) and
+    values; the layer writes the positions it computes."""
+    keys = torch.empty(1, base.keys.shape[1], size, base.keys.shape[3], dtype=dtype, device=device)
+    values = torch.empty_like(keys)
+    keys[:, :, :plan.prefix] = base.keys[:, :, :plan.prefix]
+    values[:, :, :plan.prefix] = base.values[:, :, :plan.prefix]
+    if shifted:
+        src = slice(plan.reuse_start - plan.shift, plan.reuse_end - plan.shift)
+        cos, sin = shift_cos_sin(rotation, plan.shift, base.keys)
+        keys[:, :, plan.reuse_start:plan.reuse_end] = shift_keys(base.keys[:, :, src], cos, sin)
+        values[:, :, plan.reuse_start:plan.reuse_end] = base.values[:, :, src]
+    return keys, values
+
+
+def _select_recomputed(layer, hidden_prompt: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, plan: ReusePlan,
+                       recomputed: int, new_pos: torch.Tensor, reused_pos: torch.Tensor, rotation) -> torch.Tensor:
+    """At the select layer: write the reused tokens' fresh keys and values into the buffers and return the
+    prompt positions computed from here on (``[active]``, ascending): the new tokens and the ``recomputed``
+    reused tokens whose keys and values deviate most from the cached ones (:func:`kv_deviation`)."""
+    fresh = fresh_kv(layer, hidden_prompt[:, reused_pos - plan.prefix], reused_pos, rotation)
+    deviation = kv_deviation((keys[:, :, reused_pos], values[:, :, reused_pos]), fresh)
+    keys[:, :, reused_pos], values[:, :, reused_pos] = fresh[0].to(keys.dtype), fresh[1].to(values.dtype)
+    chosen = reused_pos[torch.topk(deviation, recomputed).indices] if recomputed else reused_pos[:0]
+    return torch.sort(torch.cat([new_pos, chosen])).values
+
+
 @torch.no_grad()
 def selective_trial_forward(model, base_cache, trial_ids: list[int], plan: ReusePlan, share: float,
                             branches: Branches, row_callback, select_layer: int = SELECT_LAYER):
@@ -236,28 +297,21 @@ def selective_trial_forward(model, base_cache, trial_ids: list[int], plan: Reuse
 
     Parameters
     ----------
-    model
-        The causal LM (one of :data:`SUPPORTED_ARCHITECTURES`).
-    base_cache
-        :class:`~transformers.DynamicCache` of the haystack prompt, ``[1, kv_heads, base_len, head_dim]`` per
-        layer, every position kept.
-    trial_ids
-        The trial prompt's tokens (``plan.length`` of them).
-    plan
-        From :func:`plan_reuse`; its run ends before the last prompt token.
-    share
-        Share of the reused tokens recomputed from ``select_layer`` on, in ``[0, 1]``.
-    branches
-        The teacher-forced responses.
+    model, base_cache
+        The causal LM (of :data:`SUPPORTED_ARCHITECTURES`) and the :class:`~transformers.DynamicCache` of the
+        haystack prompt, ``[1, kv_heads, base_len, head_dim]`` per layer, every position kept.
+    trial_ids, plan
+        The trial prompt's tokens (``plan.length`` of them); :func:`plan_reuse`'s plan.
+    share, branches
+        Share of the reused tokens recomputed from ``select_layer`` on, in ``[0, 1]``; the responses.
     row_callback
         ``callback(layer, rows, key_positions)``: every layer's softmax rows ``[1, query_heads, 1 +
         branches.size, keys]`` of the last prompt token and the branch tokens over the layer's keys (the
         prompt's ``n`` positions, then the branch tokens), with the keys' positions ``[keys]``.
     select_layer
-        Layer at which reused tokens are ranked by :func:`kv_deviation` (of :func:`fresh_kv` against the
-        cached keys and values); the layers before it run over every token after the prefix, and it keeps
-        every reused token's fresh keys and values. With ``share = 0`` nothing is ranked and no layer runs
-        over the reused tokens.
+        Layer at which reused tokens are ranked by :func:`kv_deviation` (:func:`fresh_kv` against the cached
+        keys and values); the layers before it run over every token after the prefix, and it keeps every
+        reused token's fresh keys and values. With ``share = 0`` no layer runs over the reused tokens.
 
     Returns
     -------
@@ -269,53 +323,31 @@ def selective_trial_forward(model, base_cache, trial_ids: list[int], plan: Reuse
     device = base_cache.layers[0].keys.device
     dtype = base_cache.layers[0].keys.dtype
     n = plan.length
-    ids = torch.tensor(trial_ids[:n], device=device)
     branch_ids, branch_pos, branch_of = (t.to(device) for t in branches.layout(n))
-    size = len(branch_ids)
+    trial = _TrialKeys(n, len(branch_ids), branch_pos, branch_of)
     new_pos = plan.new_positions().to(device)
     reused_pos = plan.reused_positions().to(device)
-    # share 0 recomputes no reused token, so no layer runs over them (layer 0's cached KV is exact anyway:
-    # it depends on the token and its position only); otherwise every token runs until ``select_layer``
+    # share 0: no layer runs over the reused tokens (layer 0's cached KV is exact: token and position only)
     reuse_all = plan.reused and share == 0.0
     prompt_active = new_pos if reuse_all else torch.arange(plan.prefix, n, device=device)
-    hidden_prompt = decoder.embed_tokens(ids[prompt_active][None])
+    hidden_prompt = decoder.embed_tokens(torch.tensor(trial_ids[:n], device=device)[prompt_active][None])
     hidden_branch = decoder.embed_tokens(branch_ids[None])
-    key_positions = torch.cat([torch.arange(n, device=device), branch_pos])
-    key_branches = torch.cat([torch.full((n,), -1, device=device), branch_of])
     recomputed = 0 if reuse_all else plan.reused
     with SelectiveAttention(model) as switch:
         for layer_idx, layer in enumerate(decoder.layers):
             rotation = layer_rotation(model, layer_idx)
-            base = base_cache.layers[layer_idx]
-            keys = torch.empty(1, base.keys.shape[1], n + size, base.keys.shape[3], dtype=dtype, device=device)
-            values = torch.empty_like(keys)
-            keys[:, :, :plan.prefix] = base.keys[:, :, :plan.prefix]
-            values[:, :, :plan.prefix] = base.values[:, :, :plan.prefix]
-            if plan.reused and share < 1.0 and (reuse_all or layer_idx >= select_layer):
-                src = slice(plan.reuse_start - plan.shift, plan.reuse_end - plan.shift)
-                cos, sin = shift_cos_sin(rotation, plan.shift, base.keys)
-                keys[:, :, plan.reuse_start:plan.reuse_end] = shift_keys(base.keys[:, :, src], cos, sin)
-                values[:, :, plan.reuse_start:plan.reuse_end] = base.values[:, :, src]
+            shifted = plan.reused and share < 1.0 and (reuse_all or layer_idx >= select_layer)
+            keys, values = _layer_buffers(base_cache.layers[layer_idx], plan, shifted, rotation, n + trial.size,
+                                          dtype, device)
             if layer_idx == select_layer and plan.reused and 0.0 < share < 1.0:
-                fresh = fresh_kv(layer, hidden_prompt[:, reused_pos - plan.prefix], reused_pos, rotation)
-                deviation = kv_deviation((keys[:, :, reused_pos], values[:, :, reused_pos]), fresh)
-                keys[:, :, reused_pos], values[:, :, reused_pos] = fresh[0].to(dtype), fresh[1].to(dtype)
                 recomputed = round(share * plan.reused)
-                chosen = reused_pos[torch.topk(deviation, recomputed).indices] if recomputed else reused_pos[:0]
-                keep = torch.sort(torch.cat([new_pos, chosen])).values
+                keep = _select_recomputed(layer, hidden_prompt, keys, values, plan, recomputed, new_pos, reused_pos,
+                                          rotation)
                 hidden_prompt = hidden_prompt[:, torch.searchsorted(prompt_active, keep)]
                 prompt_active = keep
-            active_pos = torch.cat([prompt_active, branch_pos])
-            tail = int(prompt_active[0]) if len(prompt_active) == n - int(prompt_active[0]) else None
-            switch.layout = KeyLayout(key_positions, key_branches, active_pos,
-                                      torch.cat([torch.full_like(prompt_active, -1), branch_of]), n, tail,
-                                      1 + size, row_callback)
-            index = torch.cat([prompt_active, n + torch.arange(size, device=device)])
+            switch.layout = trial.layout(prompt_active, row_callback)
             hidden = torch.cat([hidden_prompt, hidden_branch], dim=1)
-            hidden = layer(hidden, attention_mask=None, position_embeddings=rotation.cos_sin(active_pos[None], hidden),
-                           position_ids=active_pos[None], **with_cache(layer, _ScatterCache(keys, values, index)))
-            if isinstance(hidden, tuple):
-                hidden = hidden[0]
+            hidden = trial.run_layer(layer, rotation, hidden, prompt_active, keys, values)
             hidden_prompt, hidden_branch = hidden[:, :len(prompt_active)], hidden[:, len(prompt_active):]
     rows_hidden = torch.cat([hidden_prompt[:, -1:], hidden_branch], dim=1)
     return output_logprobs(model, rows_hidden), recomputed

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -60,6 +61,52 @@ def default_grid(on_gpu: bool, max_context: int | None) -> tuple[tuple[int, ...]
 
 def full_grid(max_context: int | None) -> tuple[tuple[int, ...], tuple[float, ...], str]:
     return default_grid(True, max_context)
+
+
+#: Default grids: ``auto`` is HeadKV's full grid on a GPU and the CPU grid elsewhere.
+GRIDS = ("auto", "cpu", "full")
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The lengths and depths of a run's needle trials, as resolved for its model and device.
+
+    Attributes
+    ----------
+    lengths
+        Prompt lengths in tokens.
+    depths
+        Needle depths as fractions in [0, 1].
+    description
+        What they are, for the command's output (``"CPU grid (...)"``, ``"custom lengths, custom depths"``).
+    """
+
+    lengths: tuple[int, ...]
+    depths: tuple[float, ...]
+    description: str
+
+
+def resolve_grid(grid: str, lengths: Sequence[int] | None, depths: Sequence[float] | None, on_gpu: bool,
+                 max_context: int | None) -> Grid:
+    """The grid of a run: the lengths and depths given, the rest from ``grid`` on this device and model.
+
+    Parameters
+    ----------
+    grid
+        One of :data:`GRIDS`: ``full`` (HeadKV's, lengths capped at ``max_context``), ``cpu``, or ``auto``
+        (full on a GPU, else cpu).
+    lengths, depths
+        Given values (``None``: the grid's).
+    """
+    if grid not in GRIDS:
+        raise HeadprobeError(f"{param('grid', grid)}: expected one of {', '.join(GRIDS)}")
+    grid_lengths, grid_depths, described = default_grid(grid == "full" or (grid == "auto" and on_gpu), max_context)
+    if lengths is not None:
+        described = "custom lengths"
+    if depths is not None:
+        described += ", custom depths"
+    return Grid(tuple(grid_lengths if lengths is None else lengths), tuple(grid_depths if depths is None else depths),
+                described)
 
 
 def make_grid(needle_ids: list[str], lengths: list[int], depths: list[float], seeds: list[int]) -> list[TrialSpec]:

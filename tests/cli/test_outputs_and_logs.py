@@ -220,8 +220,8 @@ def test_grid_values_are_refused_before_the_model_loads(tmp_path):
     for field, value, message in [("depths", [0.5, 1.5], "depths=1.5: expected a depth between 0 and 1"),
                                   ("lengths", [300, 0], "lengths=0: expected a positive number of tokens"),
                                   ("needle_ids", ["nosuch"], "needle_ids: none of nosuch")]:
-        request = ProfileRequest(probes=["retrieval"], lengths=[300], depths=[0.5], out_dir=tmp_path / "o")
-        setattr(request, field, value)
+        request = ProfileRequest(**{"probes": ["retrieval"], "lengths": [300], "depths": [0.5],
+                                    "out_dir": tmp_path / "o", field: value})
         with pytest.raises(headprobe.HeadprobeError, match=message.replace("(", r"\(")):
             check_profile_run(request, "tiny")
     assert not (tmp_path / "o").exists()

@@ -3,6 +3,7 @@ the same stop; the log and the profile say how the profile was made."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -68,7 +69,7 @@ def test_runs_the_whole_grid_when_never_stable():
     ({"mode": "reuse", "recompute_share": 2.0}, "recompute_share=2.0: expected a share between 0 and 1"),
 ])
 def test_bad_settings_are_refused_in_one_line(kw, message, tmp_path):
-    from headprobe.probes.run import check_request
+    from headprobe.probes.request import check_request
 
     with pytest.raises(HeadprobeError) as info:
         if "until_stable" in kw:
@@ -121,8 +122,8 @@ def test_until_stable_stops_and_resumes_from_the_log(smollm2, one_thread, tmp_pa
     (cut / log_path.name).write_text("\n".join(lines[:7]) + "\n" + lines[7][:50])
     with pytest.raises(HeadprobeError, match="pass resume=True"):
         run_profile(smollm2, _request(cut))
-    other_rule = _request(cut, resume=True)
-    other_rule.until_stable = StopRule(k=6, jaccard=0.6, check_every=4, min_passed=4)
+    other_rule = dataclasses.replace(_request(cut, resume=True),
+                                     until_stable=StopRule(k=6, jaccard=0.6, check_every=4, min_passed=4))
     with pytest.raises(HeadprobeError, match="until_stable"):
         run_profile(smollm2, other_rule)                         # a log never mixes stopping rules
     resumed = run_profile(smollm2, _request(cut, resume=True))

@@ -13,7 +13,7 @@ from headprobe_cli.main import main
 from headprobe import HeadprobeError, ProfileRequest, run_profile
 from headprobe.files.jsonio import file_fingerprint
 from headprobe.haystack.needles import check_needle_files, gather_needles, shipped_needle_file
-from headprobe.probes.run import check_request
+from headprobe.probes.plan import check_profile_run
 
 torch.set_num_threads(1)
 
@@ -78,14 +78,34 @@ def test_an_id_two_files_share_is_refused(files, tmp_path):
         check_needle_files([files["a"], again], {"retrieval"})
 
 
-def test_request_checks_the_files_before_any_work(files):
-    request = ProfileRequest(probes=["retrieval"], lengths=[300], depths=[0.5], out_dir=Path("."),
+def test_request_checks_the_files_before_any_work(files, tmp_path):
+    request = ProfileRequest(probes=["retrieval"], lengths=[300], depths=[0.5], out_dir=tmp_path / "out",
                              needle_files=[files["r"]])
-    with pytest.raises(HeadprobeError, match="needle_files='.*r.jsonl': holds only reasoning"):
-        check_request(request)
+    with pytest.raises(HeadprobeError, match=r"needle_files='.*r.jsonl': holds only reasoning needles, which no "
+                                             r"requested probe reads \(the retrieval_reasoning probe does\)"):
+        check_profile_run(request, "tiny")
+    # a file is checked whichever probes are asked for
+    with pytest.raises(HeadprobeError, match="holds only reasoning needles"):
+        check_profile_run(ProfileRequest(probes=["layer_retention"], out_dir=tmp_path / "out",
+                                         needle_files=[files["r"]]), "tiny")
     # the older {kind: path} form is read as its paths, so the kind still comes from the needles
-    check_request(ProfileRequest(probes=["retrieval_reasoning"], lengths=[300], depths=[0.5], out_dir=Path("."),
-                                 needle_files={"retrieval": files["r"]}))
+    plan = check_profile_run(ProfileRequest(probes=["retrieval_reasoning"], lengths=[300], depths=[0.5],
+                                            out_dir=tmp_path / "out", needle_files={"retrieval": files["r"]}), "tiny")
+    assert [n.id for n in plan.passes[0].data.needles] == ["q01", "q02"]
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def test_each_needle_file_is_read_once_for_all_passes(files, tmp_path, monkeypatch):
+    from headprobe.haystack import needles
+
+    reads = []
+    real = needles.load_needles
+    monkeypatch.setattr(needles, "load_needles", lambda path, *a, **kw: reads.append(path) or real(path, *a, **kw))
+    plan = check_profile_run(ProfileRequest(probes=["retrieval", "enhanced_retrieval", "retrieval_reasoning"],
+                                            lengths=[300], depths=[0.5], out_dir=tmp_path,
+                                            needle_files=[files["a"], files["mixed"]]), "tiny")
+    assert reads == [files["a"], files["mixed"]]      # no shipped file either: each kind is among them
+    assert [[n.id for n in p.data.needles] for p in plan.passes] == [["r01", "r02", "m07"], ["q06"]]
 
 
 def test_run_records_every_file_with_its_fingerprint(tiny_llama, files, tmp_path, monkeypatch):

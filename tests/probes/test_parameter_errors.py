@@ -11,7 +11,8 @@ from headprobe import HeadprobeError, NoPassingTrialsError, ProfileRequest, load
 from headprobe.errors import flag_spelling
 from headprobe.models.identity import ModelIdentity
 from headprobe.probes.aggregate import needle_profile
-from headprobe.probes.run import check_request, resolve_needles
+from headprobe.probes.plan import check_profile_run
+from headprobe.probes.request import check_request
 from headprobe.probes.trial_grid import parse_shard
 
 
@@ -36,7 +37,11 @@ CASES = [
      "probes='retrievl': unknown probe", "--probe retrievl: unknown probe"),
     (lambda: check_request(_request(mode="slow")),
      "mode='slow': expected fast or reference", "--mode slow: expected fast or reference"),
-    (lambda: resolve_needles(_request(needle_ids=["zz"]), "retrieval"),
+    (lambda: check_request(_request(batch_size=0)),
+     "batch_size: expected a positive integer", "--batch-size: expected a positive integer"),
+    (lambda: check_request(_request(grid="huge")),
+     "grid='huge': expected one of auto, cpu, full", "--grid huge: expected one of auto, cpu, full"),
+    (lambda: check_profile_run(_request(needle_ids=["zz"]), "m"),
      "needle_ids: none of zz", "--needles: none of zz"),
     (lambda: parse_shard("3/2"),
      "shard='3/2': expected 0 <= i < n", "--shard 3/2: expected 0 <= i < n"),

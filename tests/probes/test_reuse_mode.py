@@ -19,7 +19,8 @@ from headprobe.haystack.context import build_context, common_prefix_length
 from headprobe.haystack.corpus import Haystack, load_haystack
 from headprobe.haystack.needles import Needle
 from headprobe.models.cache_argument import with_cache
-from headprobe.probes.needle_probe import NeedleProbeConfig, run_needle_trials
+from headprobe.probes.needle_pass import REASONING, RETRIEVAL
+from headprobe.probes.probe_config import NeedleProbeConfig
 from headprobe.probes.selective_prefill import Branches, fresh_kv, plan_reuse
 from headprobe.probes.trial_grid import make_grid
 
@@ -33,8 +34,11 @@ TINY_NEEDLES = {
 
 
 def _records(lm, haystack, needles, grid, **config) -> dict[str, dict]:
+    """The records of ``grid`` run by the runner of ``config["mode"]`` of the pass that reads these needles."""
     records: list[dict] = []
-    run_needle_trials(lm, {0: haystack}, needles, grid, NeedleProbeConfig(**config), records.append)
+    steps = RETRIEVAL if next(iter(needles.values())).kind == "retrieval" else REASONING
+    steps.runner(config["mode"])(lm, {0: haystack}, needles, grid, NeedleProbeConfig(scores=steps.scores, **config),
+                                 records.append)
     return {r["trial"]: r for r in records}
 
 
