@@ -31,7 +31,6 @@ from ..probes.registry import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
 
 
-
 @dataclass(frozen=True)
 class EvalSetting:
     """One (allocation, policy, capacity) setting.
