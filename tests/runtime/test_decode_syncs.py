@@ -147,10 +147,10 @@ def test_a_whole_decoding_step_reads_no_more_than_stock_generate_whatever_the_la
     for layers in (2, 6):
         lm = conftest.make_tiny_llama(layers=layers)
         ids, mask = _batch()
-        per_token.append(_reads_per_token(lambda new: headprobe.generate_compressed(
+        per_token.append(_reads_per_token(lambda new, lm=lm, ids=ids, mask=mask: headprobe.generate_compressed(
             lm, input_ids=ids, attention_mask=mask, policy="keepkv", capacity=CAPACITY, max_new_tokens=new,
             min_new_tokens=new)))
-        stock.append(_reads_per_token(lambda new: lm.model.generate(
+        stock.append(_reads_per_token(lambda new, lm=lm, ids=ids, mask=mask: lm.model.generate(
             input_ids=ids, attention_mask=mask, max_new_tokens=new, min_new_tokens=new, do_sample=False,
             pad_token_id=lm.tokenizer.pad_token_id)))
     assert per_token[0] == per_token[1] <= stock[0] == stock[1], (per_token, stock)
@@ -166,7 +166,7 @@ def test_ragged_attention_hands_the_host_maximum_to_the_decode_kernel(monkeypatc
     keys, values = torch.randn(1, 2, 30, 16, generator=g), torch.randn(1, 2, 30, 16, generator=g)
     count = torch.tensor([30, 11])
     index = torch.arange(30)[None].repeat(2, 1)
-    store = LayerStore(1, 2, 16, count + 4, keys.dtype, keys.device)
+    store = LayerStore().allocate(1, 2, 16, count + 4, keys.dtype, keys.device)
     store.write_selection(keys, values, torch.arange(30)[None], Selection(index=index, count=count))
     seen = {}
 
@@ -188,7 +188,7 @@ def test_ragged_attention_hands_the_host_maximum_to_the_decode_kernel(monkeypatc
 def test_store_writes_of_empty_segments_go_to_the_spare_row():
     """Dense writes: a segment with nothing to move writes the spare row, never another segment's pairs."""
     keys = torch.arange(2 * 2 * 6 * 4, dtype=torch.float32).reshape(2 * 2, 6, 4)[None].reshape(1, 4, 6, 4)
-    store = LayerStore(1, 4, 4, torch.tensor([6, 6, 6, 6]), torch.float32, torch.device("cpu"))
+    store = LayerStore().allocate(1, 4, 4, torch.tensor([6, 6, 6, 6]), torch.float32, torch.device("cpu"))
     count = torch.tensor([6, 3, 6, 1])
     store.write_selection(keys, -keys, torch.arange(6)[None], Selection(torch.arange(6)[None].repeat(4, 1), count))
     before = {k: v.clone() for k, v in store.padded().items()}      # (views of the buffer otherwise)
