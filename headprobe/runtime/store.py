@@ -399,12 +399,13 @@ class LayerStore:
             Per-pair statistics (:meth:`add_pair_state`) by name, ``[segments, ...]``.
         """
         rows = torch.where(mask, self._offsets + local_slot, self._spare)
-        self._keys[rows] = keys
-        self._values[rows] = values
+        self._keys[rows] = keys.to(self._keys.dtype)
+        self._values[rows] = values.to(self._values.dtype)
         if log_votes is not None:
-            self._log_votes[rows] = log_votes
+            self._log_votes[rows] = log_votes.to(self._log_votes.dtype)
         for name, value in (state or {}).items():
-            self._pair_state[name][rows] = value
+            buffer = self._pair_state[name]
+            buffer[rows] = value.to(buffer.dtype)
 
     def relayout(self, reserve: torch.Tensor | np.ndarray | int) -> None:
         """Reallocate tightly: capacity = length + reserve per segment (one copy of the kept pairs)."""
@@ -445,7 +446,7 @@ class LayerStore:
         buffer = torch.zeros((self._keys.shape[0], *first.shape[2:]), dtype=torch.float32, device=self._keys.device)
         ar = torch.arange(k, device=first.device)
         valid = ar[None, :] < self._lengths[:, None]
-        buffer[(self._offsets[:, None] + ar[None, :])[valid]] = first[valid]
+        buffer[(self._offsets[:, None] + ar[None, :])[valid]] = first[valid].to(buffer.dtype)
         self._pair_state[name] = buffer
 
     def pair_state(self, name: str, index: torch.Tensor) -> torch.Tensor:
@@ -455,7 +456,8 @@ class LayerStore:
     def set_pair_state(self, name: str, index: torch.Tensor, values: torch.Tensor) -> None:
         """Write the statistic ``name`` of the pairs at ``index`` (``padded()["index"]``; padding entries
         address the spare row, which no pair reads)."""
-        self._pair_state[name][index] = values
+        buffer = self._pair_state[name]
+        buffer[index] = values.to(buffer.dtype)
 
     def set_state_bytes(self, nbytes: int) -> None:
         """Count ``nbytes`` of policy state kept beside the pairs (MorphKV's window queries) as this layer's
