@@ -15,12 +15,12 @@ import torch
 
 from headprobe.runtime import (
     LayerContext,
+    Rebalance,
     ScorerPolicy,
     generate_compressed,
     generate_from_prefill,
     record_prefill,
 )
-from headprobe.runtime.policies import Rebalance
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
