@@ -99,7 +99,7 @@ def main() -> int:
     positions = torch.arange(n, device=dev)[None]
     count = torch.randint(n // 16, n, (heads,), device=dev)
     index = torch.arange(n, device=dev)[None].repeat(heads, 1)
-    store = LayerStore(batch, heads, d, count + 1, torch.bfloat16, dev)
+    store = LayerStore().allocate(batch, heads, d, count + 1, torch.bfloat16, dev)
 
     def timed(fn, reps=50):
         fn()
@@ -113,7 +113,8 @@ def main() -> int:
         return start.elapsed_time(end) / reps
 
     def decode():
-        return ragged_decode_triton(query, store.keys, store.values, store.positions, store.offsets, store.lengths,
+        buf = store.buffers()
+        return ragged_decode_triton(query, buf.keys, buf.values, buf.positions, buf.offsets, buf.lengths,
                                     store.kv_heads, qpos, d ** -0.5)
 
     out = {}

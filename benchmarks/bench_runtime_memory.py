@@ -102,7 +102,7 @@ def main() -> None:
         room_bytes = res_room.cache.memory_bytes()
         slots = kept + new * cache.num_layers * cache.num_kv_heads
         expected = slots * store.bytes_per_token()                          # K, V and the int32 position
-        kv_only = slots * 2 * store.head_dim * store.keys.element_size()     # K and V alone
+        kv_only = slots * 2 * store.head_dim * store.element_size()     # K and V alone
         report[label] = {
             "kept_tokens": kept, "cache_bytes": cache.memory_bytes(),
             "vs_full": cache.memory_bytes() / full_bytes,

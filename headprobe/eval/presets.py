@@ -130,10 +130,6 @@ PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
     name: (p.policy, p.allocation, p.profiles, dict(p.options)) for name, p in PUBLISHED.items()}
 
 
-#: Policies that score the prompt from an observation window; the others keep recent tokens (StreamingLLM)
-#: or distinct keys (KeyDiff) whatever their ``window`` option.
-OBSERVING_POLICIES = ("snapkv", "dynamickv", "keepkv", "morphkv")
-
 _WINDOW_SUFFIX = re.compile(r"\[window=[^\],]+\]$")
 
 
@@ -155,18 +151,19 @@ def describe_window(setting: Mapping[str, Any], windows: Sequence[int] = ()) -> 
         ``"published"`` (a preset with its published options), ``"matched"`` (a preset with only its
         window changed) or ``"custom"``.
     """
+    from ..runtime import POLICIES
+
     name, policy, options = setting["name"], setting["policy"], setting.get("options") or {}
     if policy == "full":
         return name, "–", "–"
     method = _WINDOW_SUFFIX.sub("", name)
-    if policy not in OBSERVING_POLICIES:
+    policy_class = POLICIES.get(policy)
+    if policy_class is None or not policy_class.observes_window:     # StreamingLLM, KeyDiff: no observation window
         window = "none"
     elif options.get("window") == QUESTION_WINDOW:
         window = f"question ({min(windows)}–{max(windows)})" if windows else "question"
     else:
-        from ..runtime import POLICIES
-
-        window = str(options.get("window", POLICIES[policy].window))
+        window = str(options.get("window", policy_class.window))
     if name in PRESETS and options == PRESETS[name][3]:
         kind = "published"
     elif method in PRESETS and set(options) - set(PRESETS[method][3]) <= {"window"}:

@@ -159,8 +159,3 @@ def input_device(model: Any) -> Any:
             return parameter.device
     return torch.device("cpu")
 
-
-def layer_devices(model: Any) -> dict[str, str]:
-    """Module name → where accelerate put it (``"cpu"``, ``"disk"``, ``"cuda:0"``); empty for one device."""
-    placed = getattr(model, "hf_device_map", None) or {}
-    return {name: f"cuda:{where}" if isinstance(where, int) else str(where) for name, where in placed.items()}

@@ -5,7 +5,7 @@ from .cache import CompressedCache
 from .cache_attention import headprobe_attention
 from .generate import GenerationResult, generate_compressed, make_policy, parse_policy_options
 from .kernels.dispatch import set_backend as set_kernel_backend
-from .policies import POLICIES, LayerContext, Policy, ScorerPolicy
+from .policies import POLICIES, LayerContext, Policy, Rebalance, ScorerPolicy
 from .shape import CacheShape
 from .shared_prefill import RecordedPrefill, generate_from_prefill, record_prefill
 
@@ -19,6 +19,7 @@ __all__ = [
     "MapBudget",
     "Policy",
     "RatioBudget",
+    "Rebalance",
     "RecordedPrefill",
     "ScorerPolicy",
     "UniformBudget",

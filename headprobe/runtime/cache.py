@@ -1,9 +1,10 @@
 """``CompressedCache``: a transformers ``Cache`` that stores only the tokens the budget keeps.
 
-``update`` concatenates nothing: it keeps the new keys/values in the layer slot and returns the slot's
-:class:`PendingKV` handle in place of both tensors. transformers passes that handle unchanged to the
-attention function registered as ``headprobe`` (:mod:`headprobe.runtime.cache_attention`), which asks the
-cache to run the layer's policy: full attention over the prompt and compression at prefill, ragged
+Two levels, as in transformers: the cache and its layers (:class:`CompressedLayer`, a transformers cache
+layer whose storage is a :class:`~headprobe.runtime.store.LayerStore`). ``update`` concatenates nothing:
+it keeps the new keys/values in the layer and returns the layer's :class:`PendingKV` handle in place of
+both tensors. transformers passes that handle unchanged to the attention function registered as
+``headprobe`` (:mod:`headprobe.runtime.cache_attention`), which asks the cache to run the layer's policy: full attention over the prompt and compression at prefill, ragged
 attention over the per-head store while decoding. A model whose attention uses the returned keys/values
 as tensors (``key_states.shape``, ``torch.cat``, ``repeat_kv``) touches the handle, which refuses in one
 line (``docs/runtime.md``, "How it plugs into transformers").
@@ -13,14 +14,15 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import HeadprobeError
 from .budget_sources import BudgetSource
-from .policies.base import LayerContext, LayerMemory, Policy
+from .policies.base import LayerContext, Policy
 from .shape import SLIDING, CacheShape
-from .store import LayerStore
+from .store import LayerStore, host_array
 
 _SUPPORTED = ("passes what Cache.update returns unchanged to the attention function (as transformers' Llama, "
               "Mistral, Qwen2 and Gemma 3 do)")
@@ -35,7 +37,7 @@ def _refusing(what: str) -> Any:
     """A method of :class:`PendingKV` that refuses its use as a tensor (``what``: the operator)."""
 
     def refuse(self: PendingKV, *args: Any, **kwargs: Any) -> Any:
-        raise HeadprobeError(_misuse(self.slot.layer_idx, what))
+        raise HeadprobeError(_misuse(self.layer.layer_idx, what))
 
     return refuse
 
@@ -43,25 +45,25 @@ def _refusing(what: str) -> Any:
 class PendingKV:
     """What ``CompressedCache.update`` returns in place of the key and value tensors.
 
-    It only carries the slot to the ``headprobe`` attention function. Used as a tensor (an attribute
+    It only carries the layer to the ``headprobe`` attention function. Used as a tensor (an attribute
     such as ``.shape``, an operator, or a torch function such as ``torch.cat``), it raises
     :class:`~headprobe.errors.HeadprobeError` with one line instead of letting the model compute garbage.
     """
 
-    __slots__ = ("cache", "slot")
+    __slots__ = ("cache", "layer")
 
-    def __init__(self, cache: SlotCache, slot: LayerSlot) -> None:
+    def __init__(self, cache: CompressedCache, layer: CompressedLayer) -> None:
         self.cache = cache
-        self.slot = slot
+        self.layer = layer
 
     def __getattr__(self, name: str) -> Any:
-        raise HeadprobeError(_misuse(self.slot.layer_idx, f".{name}"))
+        raise HeadprobeError(_misuse(self.layer.layer_idx, f".{name}"))
 
     @classmethod
     def __torch_function__(cls, func: Any, types: Any, args: tuple = (), kwargs: dict | None = None) -> Any:
         flat = [*args, *(kwargs or {}).values()]
         flat += [x for a in flat if isinstance(a, (list, tuple)) for x in a]     # torch.cat([key, ...])
-        layer = next((a.slot.layer_idx for a in flat if isinstance(a, PendingKV)), "?")
+        layer = next((a.layer.layer_idx for a in flat if isinstance(a, PendingKV)), "?")
         raise HeadprobeError(_misuse(layer, getattr(func, "__name__", str(func))))
 
     __getitem__ = _refusing("__getitem__")
@@ -77,20 +79,28 @@ class PendingKV:
     __matmul__ = __rmatmul__ = _refusing("@")
 
     def __repr__(self) -> str:
-        return f"PendingKV(layer {self.slot.layer_idx})"
+        return f"PendingKV(layer {self.layer.layer_idx})"
 
 
-class LayerSlot(CacheLayerMixin):
-    """Per-layer bookkeeping seen by transformers; the kept pairs live in ``memory.store``.
+class CompressedLayer(LayerStore, CacheLayerMixin):
+    """One layer of a :class:`CompressedCache`: what transformers calls, the kept pairs, the policy's state.
+
+    As a :class:`~headprobe.runtime.store.LayerStore` it holds the pairs its policy keeps (empty until the
+    layer's prefill); as a transformers cache layer it takes the keys and values of each call in
+    :meth:`update` until the attention asks for them.
 
     Attributes
     ----------
+    layer_idx
+        Layer index.
+    is_sliding
+        Whether the layer is a sliding-window layer (served by the cache's ``sliding_policy``).
     seen
         Columns of input ids processed (padding included).
     pending
         The keys and values of the current call, from ``update`` until the attention takes them.
-    memory
-        The layer's store and policy state (:class:`~headprobe.runtime.policies.base.LayerMemory`).
+    state
+        The policy's per-layer state (an instance of :attr:`Policy.layer_state`), ``None`` without one.
     handle
         The :class:`PendingKV` that ``update`` returns.
     """
@@ -98,13 +108,14 @@ class LayerSlot(CacheLayerMixin):
     supports_early_init = False
     is_compileable = False
 
-    def __init__(self, cache: SlotCache, layer_idx: int, is_sliding: bool) -> None:
-        super().__init__()
+    def __init__(self, cache: CompressedCache, layer_idx: int, is_sliding: bool) -> None:
+        LayerStore.__init__(self)
+        CacheLayerMixin.__init__(self)
         self.layer_idx = layer_idx
         self.is_sliding = is_sliding
         self.seen = 0
         self.pending: tuple[torch.Tensor, torch.Tensor] | None = None
-        self.memory = LayerMemory(layer_idx)
+        self.state: Any = None
         self.handle = PendingKV(cache, self)
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
@@ -122,7 +133,7 @@ class LayerSlot(CacheLayerMixin):
         return self.handle, self.handle
 
     def take(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The pending keys and values ``[batch, kv_heads, n, head_dim]`` (the slot forgets them)."""
+        """The pending keys and values ``[batch, kv_heads, n, head_dim]`` (the layer forgets them)."""
         if self.pending is None:
             raise HeadprobeError(f"layer {self.layer_idx}: the headprobe attention was called without "
                                  f"CompressedCache.update for this layer; the compressed cache needs an "
@@ -148,8 +159,8 @@ class LayerSlot(CacheLayerMixin):
     def reset(self) -> None:
         self.seen = 0
         self.pending = None
-        self.memory.store = None
-        self.memory.state = None
+        self.state = None
+        self.release()
 
     def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
         raise HeadprobeError("CompressedCache does not support beam search (num_beams > 1)")
@@ -158,92 +169,11 @@ class LayerSlot(CacheLayerMixin):
         raise HeadprobeError("CompressedCache cannot be cropped (assisted decoding is not supported)")
 
 
-class SlotCache(Cache):
-    """A transformers ``Cache`` whose ``update`` hands the new keys/values to the headprobe attention.
-
-    Subclasses implement :meth:`attend`. The cache knows each row's left padding (from the attention
-    mask, or inferred from the ``position_ids`` generate passes) and so every token's absolute position.
-
-    Parameters
-    ----------
-    shape
-        Layers, KV heads and layer types.
-    attention_mask
-        ``[batch, prompt_len]`` left-padded prompt mask, or ``None``.
-    """
-
-    def __init__(self, shape: CacheShape, attention_mask: torch.Tensor | None = None) -> None:
-        self.shape = shape
-        self.pad: torch.Tensor | None = None
-        if attention_mask is not None:
-            self.set_padding(attention_mask)
-        super().__init__(layers=[LayerSlot(self, i, shape.is_sliding(i)) for i in range(shape.num_layers)])
-
-    @property
-    def num_layers(self) -> int:
-        return self.shape.num_layers
-
-    @property
-    def num_kv_heads(self) -> int:
-        return self.shape.num_kv_heads
-
-    @property
-    def layer_types(self) -> list[str]:
-        return list(self.shape.layer_types)
-
-    def set_padding(self, attention_mask: torch.Tensor) -> None:
-        """Record left padding from a ``[batch, prompt_len]`` 0/1 mask."""
-        mask = attention_mask.bool()
-        if mask.shape[1] and bool((mask[:, 1:].long() - mask[:, :-1].long() < 0).any()):
-            raise HeadprobeError("CompressedCache needs left padding (tokenizer.padding_side = 'left')")
-        self.pad = (~mask).long().sum(1)
-
-    def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
-               softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
-        """Attention output ``[batch, q_heads, n, head_dim]`` of one layer's call."""
-        raise NotImplementedError
-
-    def take_call(self, slot: LayerSlot, query: torch.Tensor, sliding_window: int | None,
-                  position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The pending keys and values of ``slot``, checked against the query, and their positions.
-
-        Returns
-        -------
-        keys, values, positions, valid
-            ``[batch, kv_heads, n, head_dim]`` twice, ``[batch, n]`` absolute positions (negative for left
-            padding) and ``[batch, n]`` bool (False for padding).
-        """
-        keys, values = slot.take()
-        layer = slot.layer_idx
-        if keys.shape[-1] != values.shape[-1] or query.shape[-1] != keys.shape[-1]:
-            raise HeadprobeError(f"layer {layer}: query, key and value head sizes differ ({query.shape[-1]}, "
-                                 f"{keys.shape[-1]}, {values.shape[-1]}); the compressed cache needs one head_dim")
-        if keys.dim() != 4 or query.shape[1] % keys.shape[1] or keys.shape[1] != self.shape.num_kv_heads:
-            raise HeadprobeError(f"layer {layer}: {query.shape[1]} query heads over keys shaped "
-                                 f"{tuple(keys.shape)}; expected [batch, {self.shape.num_kv_heads} KV heads, "
-                                 f"tokens, head_dim] with the query heads a multiple of the KV heads")
-        if bool(sliding_window) != slot.is_sliding:
-            declared = self.shape.layer_types[layer]
-            raise HeadprobeError(f"layer {layer}: the attention passes sliding_window={sliding_window} but the "
-                                 f"config declares it {declared!r}")
-        b, n = keys.shape[0], keys.shape[2]
-        if self.pad is None:      # the first call is the prompt's: generate's position_ids tell the padding
-            self.pad = _infer_padding(position_ids, b, n, keys.device)
-        pad = self.pad.to(keys.device)
-        positions = slot.seen - n + torch.arange(n, device=keys.device)[None, :] - pad[:, None]
-        return keys, values, positions, positions >= 0
-
-    def check_attended(self) -> None:
-        """Refuse a forward after which some layer's keys never reached the headprobe attention."""
-        for slot in self.layers:
-            if slot.pending is not None:
-                raise HeadprobeError(f"layer {slot.layer_idx}: the keys stored by CompressedCache.update never "
-                                     f"reached the headprobe attention; the compressed cache needs an attention "
-                                     f"that {_SUPPORTED}")
-
-
-class CompressedCache(SlotCache):
+class CompressedCache(Cache):
     """Per (batch row, layer, KV head) storage of the kept tokens only.
+
+    The cache knows each row's left padding (from the attention mask, or inferred from the
+    ``position_ids`` generate passes) and so every token's absolute position.
 
     Parameters
     ----------
@@ -280,31 +210,55 @@ class CompressedCache(SlotCache):
             layer = shape.layer_types.index(SLIDING)
             raise HeadprobeError(f"layer {layer} is a sliding-window layer: CompressedCache needs sliding_policy "
                                  "(SlidingWindow() keeps the window; generate_compressed passes it)")
+        self.shape = shape
         self.policy = policy
         self.sliding_policy = sliding_policy
         self.budget = budget
         self.max_new_tokens = max_new_tokens
         self.budgets: torch.Tensor | None = None          # [batch, layers, kv_heads], at the first prefill
         self._budgets_on: dict[torch.device, torch.Tensor] = {}   # copies on the devices of later layers
+        self._host_budgets: list[np.ndarray] = []          # per layer [batch * kv_heads], on the host
         self.prompt_lengths: torch.Tensor | None = None   # [batch]
         self._policy_shared = _new(policy.cache_state)
         self._sliding_shared = _new(sliding_policy.cache_state) if sliding_policy is not None else None
-        super().__init__(shape, attention_mask)
+        self.pad: torch.Tensor | None = None
+        if attention_mask is not None:
+            self.set_padding(attention_mask)
+        super().__init__(layers=[CompressedLayer(self, i, shape.is_sliding(i)) for i in range(shape.num_layers)])
+
+    @property
+    def num_layers(self) -> int:
+        return self.shape.num_layers
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.shape.num_kv_heads
+
+    @property
+    def layer_types(self) -> list[str]:
+        return list(self.shape.layer_types)
+
+    def set_padding(self, attention_mask: torch.Tensor) -> None:
+        """Record left padding from a ``[batch, prompt_len]`` 0/1 mask."""
+        mask = attention_mask.bool()
+        if mask.shape[1] and bool((mask[:, 1:].long() - mask[:, :-1].long() < 0).any()):
+            raise HeadprobeError("CompressedCache needs left padding (tokenizer.padding_side = 'left')")
+        self.pad = (~mask).long().sum(1)
 
     # ---- reports ---------------------------------------------------------------------------------
 
     @property
-    def stores(self) -> list[LayerStore | None]:
-        """Every layer's store, in order (``None`` before its prefill)."""
-        return [slot.memory.store for slot in self.layers]
+    def stores(self) -> list[CompressedLayer | None]:
+        """Every layer holding its pairs, in order (``None`` before the layer's prefill)."""
+        return [layer if layer.allocated else None for layer in self.layers]
 
     def memory_bytes(self) -> int:
-        """Bytes allocated by every layer's store (buffers, metadata, policy state)."""
+        """Bytes allocated by every layer (buffers, metadata, policy state)."""
         return sum(s.memory_bytes() for s in self.stores if s is not None)
 
     def used_bytes(self) -> int:
         """Bytes of the pairs actually held (lengths × bytes per token)."""
-        return sum(int(s.lengths.sum()) * s.bytes_per_token() for s in self.stores if s is not None)
+        return sum(s.used_bytes() for s in self.stores if s is not None)
 
     def kept_tokens(self) -> torch.Tensor:
         """``[batch, layers, kv_heads]`` tokens held per head now (on the first layer's device)."""
@@ -312,25 +266,29 @@ class CompressedCache(SlotCache):
 
     def peak_tokens(self) -> torch.Tensor:
         """``[batch, layers, kv_heads]`` the most tokens each head ever held (on the first layer's device)."""
-        return _stack_layers([s.peak_lengths.reshape(s.batch, s.kv_heads).clone() for s in self.stores])
+        return _stack_layers([s.peak() for s in self.stores])
 
     def full_cache_bytes(self, tokens: int | None = None) -> int:
         """Bytes a full (uncompressed) cache of the same dtype would hold for the tokens seen so far."""
         store = next(s for s in self.stores if s is not None)
         tokens = self.layers[0].seen if tokens is None else tokens
-        per = 2 * store.head_dim * store.keys.element_size()
+        per = 2 * store.head_dim * store.element_size()
         return store.batch * self.num_layers * self.num_kv_heads * tokens * per
 
     # ---- the attention call ----------------------------------------------------------------------
 
-    def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
+    def attend(self, layer: CompressedLayer, query: torch.Tensor, scaling: float, sliding_window: int | None,
                softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
         """Run the policy for one layer; returns ``[batch, q_heads, n, head_dim]``."""
-        keys, values, positions, valid = self.take_call(slot, query, sliding_window, position_ids)
-        prefill = slot.memory.store is None
-        policy, ctx = self._layer_context(slot, query, keys, values, positions, valid, scaling, sliding_window,
+        keys, values, positions, valid = self.take_call(layer, query, sliding_window, position_ids)
+        prefill = not layer.allocated
+        policy, ctx = self._layer_context(layer, query, keys, values, positions, valid, scaling, sliding_window,
                                           softcap)
-        return policy.prefill(ctx) if prefill else policy.decode(ctx)
+        if not prefill:
+            return policy.decode(ctx)
+        out = policy.prefill(ctx)
+        self._rebalance(policy, ctx)
+        return out
 
     def compress_prompt(self, layers: list[Any]) -> None:
         """Fill every layer's store from a recorded prompt forward instead of running it again.
@@ -353,31 +311,87 @@ class CompressedCache(SlotCache):
             raise HeadprobeError(f"policy {self.policy.name}: its prefill is not plain attention, so a recorded "
                                  "prefill cannot be replayed; run generate_compressed instead")
         for rec in layers:
-            slot = self.layers[rec.layer_idx]
-            slot.update(rec.keys, rec.values)
-            keys, values, positions, valid = self.take_call(slot, rec.query, rec.sliding_window, rec.position_ids)
-            policy, ctx = self._layer_context(slot, rec.query, keys, values, positions, valid, rec.scaling,
+            layer = self.layers[rec.layer_idx]
+            layer.update(rec.keys, rec.values)
+            keys, values, positions, valid = self.take_call(layer, rec.query, rec.sliding_window, rec.position_ids)
+            policy, ctx = self._layer_context(layer, rec.query, keys, values, positions, valid, rec.scaling,
                                               rec.sliding_window, rec.softcap)
             policy.compress(ctx)
+            self._rebalance(policy, ctx)
 
-    def _layer_context(self, slot: LayerSlot, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+    def take_call(self, layer: CompressedLayer, query: torch.Tensor, sliding_window: int | None,
+                  position_ids: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The pending keys and values of ``layer``, checked against the query, and their positions.
+
+        Returns
+        -------
+        keys, values, positions, valid
+            ``[batch, kv_heads, n, head_dim]`` twice, ``[batch, n]`` absolute positions (negative for left
+            padding) and ``[batch, n]`` bool (False for padding).
+        """
+        keys, values = layer.take()
+        index = layer.layer_idx
+        if keys.shape[-1] != values.shape[-1] or query.shape[-1] != keys.shape[-1]:
+            raise HeadprobeError(f"layer {index}: query, key and value head sizes differ ({query.shape[-1]}, "
+                                 f"{keys.shape[-1]}, {values.shape[-1]}); the compressed cache needs one head_dim")
+        if keys.dim() != 4 or query.shape[1] % keys.shape[1] or keys.shape[1] != self.shape.num_kv_heads:
+            raise HeadprobeError(f"layer {index}: {query.shape[1]} query heads over keys shaped "
+                                 f"{tuple(keys.shape)}; expected [batch, {self.shape.num_kv_heads} KV heads, "
+                                 f"tokens, head_dim] with the query heads a multiple of the KV heads")
+        if bool(sliding_window) != layer.is_sliding:
+            declared = self.shape.layer_types[index]
+            raise HeadprobeError(f"layer {index}: the attention passes sliding_window={sliding_window} but the "
+                                 f"config declares it {declared!r}")
+        b, n = keys.shape[0], keys.shape[2]
+        if self.pad is None:      # the first call is the prompt's: generate's position_ids tell the padding
+            self.pad = _infer_padding(position_ids, b, n, keys.device)
+        pad = self.pad.to(keys.device)
+        positions = layer.seen - n + torch.arange(n, device=keys.device)[None, :] - pad[:, None]
+        return keys, values, positions, positions >= 0
+
+    def check_attended(self) -> None:
+        """Refuse a forward after which some layer's keys never reached the headprobe attention."""
+        for layer in self.layers:
+            if layer.pending is not None:
+                raise HeadprobeError(f"layer {layer.layer_idx}: the keys stored by CompressedCache.update never "
+                                     f"reached the headprobe attention; the compressed cache needs an attention "
+                                     f"that {_SUPPORTED}")
+
+    def _layer_context(self, layer: CompressedLayer, query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                        positions: torch.Tensor, valid: torch.Tensor, scaling: float, sliding_window: int | None,
                        softcap: float | None) -> tuple[Policy, LayerContext]:
-        """The policy of ``slot`` and its context for this call (budgets resolved at the first prefill)."""
+        """The policy of ``layer`` and its context for this call (budgets resolved at the first prefill)."""
         if self.budgets is None:
             self.prompt_lengths = valid.long().sum(1)
-            self.budgets = self.budget.resolve(self.shape, self.prompt_lengths, self.policy).to(keys.device)
+            resolved = self.budget.resolve(self.shape, self.prompt_lengths, self.policy)
+            host = host_array(resolved)
+            self._host_budgets = [host[:, i].reshape(-1).copy() for i in range(self.num_layers)]
+            self.budgets = resolved.to(keys.device)
             self._budgets_on = {self.budgets.device: self.budgets}
         budgets = self._budgets_on.get(keys.device)
         if budgets is None:       # a layer on another device than the first (accelerate's device_map)
             budgets = self._budgets_on[keys.device] = self.budgets.to(keys.device)
-        policy, shared = ((self.sliding_policy, self._sliding_shared) if slot.is_sliding
+        policy, shared = ((self.sliding_policy, self._sliding_shared) if layer.is_sliding
                           else (self.policy, self._policy_shared))
-        if slot.memory.state is None:
-            slot.memory.state = _new(policy.layer_state)
-        return policy, LayerContext(slot.memory, self.shape, self.max_new_tokens, query, keys, values, positions,
-                                    valid, budgets[:, slot.layer_idx], scaling, sliding_window, softcap,
-                                    shared=shared)
+        if layer.state is None:
+            layer.state = _new(policy.layer_state)
+        index = layer.layer_idx
+        return policy, LayerContext(
+            layer_idx=index, store=layer, state=layer.state, shape=self.shape, max_new_tokens=self.max_new_tokens,
+            query=query, keys=keys, values=values, positions=positions, valid=valid, budgets=budgets[:, index],
+            host_budgets=self._host_budgets[index], scaling=scaling, sliding_window=sliding_window,
+            softcap=softcap, shared=shared)
+
+    def _rebalance(self, policy: Policy, ctx: LayerContext) -> None:
+        """Apply what ``policy`` changes across layers once the prefill of ``ctx``'s layer is done."""
+        change = policy.rebalance(ctx)
+        if change is None:
+            return
+        for index, lengths in change.lengths.items():
+            layer = self.layers[index]
+            layer.keep_first(lengths)
+            if change.room is not None:
+                layer.relayout(change.room)
 
 
 def _stack_layers(per_layer: list[torch.Tensor]) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The ``headprobe`` attention implementation and the switch that installs it on a model.
 
 transformers passes whatever ``Cache.update`` returned as ``key``/``value``; with a
-:class:`~headprobe.runtime.cache.CompressedCache` that is the layer slot's
+:class:`~headprobe.runtime.cache.CompressedCache` that is the layer's
 :class:`~headprobe.runtime.cache.PendingKV` handle, and this function runs the cache's policy for the
 layer. No mask function is registered: the cache knows the positions and padding.
 """
@@ -45,14 +45,14 @@ def headprobe_attention_forward(module: torch.nn.Module, query: torch.Tensor, ke
         raise HeadprobeError("the headprobe attention needs a CompressedCache passed as the model's cache "
                              "(cache=, or past_key_values= before transformers 5.24) and the keys and values its "
                              "update returned (use headprobe.generate_compressed)")
-    slot = key.slot
-    layer = getattr(module, "layer_idx", slot.layer_idx)
-    if layer != slot.layer_idx:
-        raise HeadprobeError(f"the attention of layer {layer} received the keys of layer {slot.layer_idx}; the "
+    layer = key.layer
+    index = getattr(module, "layer_idx", layer.layer_idx)
+    if index != layer.layer_idx:
+        raise HeadprobeError(f"the attention of layer {index} received the keys of layer {layer.layer_idx}; the "
                              "compressed cache needs each layer to update and attend its own cache layer")
     if scaling is None:
         scaling = query.shape[-1] ** -0.5
-    out = key.cache.attend(slot, query, float(scaling), sliding_window, softcap, kwargs.get("position_ids"))
+    out = key.cache.attend(layer, query, float(scaling), sliding_window, softcap, kwargs.get("position_ids"))
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -64,6 +64,8 @@ def register() -> None:
 
 def check_supported(model: Any) -> CacheShape:
     """Refuse, in one line, a model the compressed cache cannot run; returns its cache shape.
+
+    :func:`headprobe_attention` runs it on entry, before anything else the block does.
 
     Supported: decoder-only models whose attention goes through transformers' ``AttentionInterface``
     (``_supports_attention_backend``) with full-attention and sliding-window layers only.
@@ -85,7 +87,9 @@ def check_supported(model: Any) -> CacheShape:
 
 @contextlib.contextmanager
 def headprobe_attention(model: Any) -> Iterator[Any]:
-    """Switch ``model`` to the headprobe attention for the duration of the block, then restore it."""
+    """Switch ``model`` to the headprobe attention for the duration of the block, then restore it.
+
+    A model the compressed cache cannot run is refused first (:func:`check_supported`)."""
     register()
     check_supported(model)
     with attention_switched(model, ATTENTION_NAME):

@@ -15,8 +15,9 @@ from ..models.loading import transformers_model
 from ..models.placement import input_device
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
-from .cache_attention import check_supported, headprobe_attention
+from .cache_attention import headprobe_attention
 from .policies import POLICIES, Policy, SlidingWindow
+from .shape import CacheShape
 
 #: The policy when none is named.
 DEFAULT_POLICY = "snapkv"
@@ -145,11 +146,11 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     check_count("max_new_tokens", max_new_tokens)
     hf_model, tokenizer, input_ids, attention_mask = prepare_inputs(model, prompts, tokenizer, input_ids,
                                                                     attention_mask, chat)
-    cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, attention_mask)
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, **generate_kwargs}
     if tokenizer is not None and tokenizer.pad_token_id is not None:
         kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-    with headprobe_attention(hf_model):
+    with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
+        cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, attention_mask)
         out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask,
                                 **with_cache(hf_model, cache), **kwargs)
     cache.check_attended()
@@ -187,11 +188,11 @@ def new_cache(model: Any, policy: str | Policy, budget: BudgetSource | BudgetMap
     """An empty :class:`CompressedCache` for ``model`` from the budget arguments of :func:`generate_compressed`.
 
     The defaults are decided here: :data:`DEFAULT_POLICY`, :data:`DEFAULT_CAPACITY` tokens per head, and
-    :data:`SLIDING_POLICY` for sliding-window layers.
+    :data:`SLIDING_POLICY` for sliding-window layers. Whether the model can run the cache at all is
+    checked by :func:`~headprobe.runtime.cache_attention.headprobe_attention`, inside which callers build it.
     """
     identity = getattr(model, "identity", None)
-    hf_model = transformers_model(model)
-    shape = check_supported(hf_model)
+    shape = CacheShape.from_config(transformers_model(model).config)
     pol = make_policy(policy, **(policy_options or {}))
     if budget is None and capacity is not None and ratio is None:
         budget = capacity

@@ -23,10 +23,12 @@ import torch
 from ..errors import HeadprobeError, param
 from ..models.cache_argument import with_cache
 from ..models.loading import generation_eos_ids, transformers_model
-from .cache import LayerSlot, SlotCache
-from .cache_attention import check_supported, headprobe_attention
+from .budget_sources import UniformBudget
+from .cache import CompressedCache, CompressedLayer
+from .cache_attention import headprobe_attention
 from .generate import DEFAULT_POLICY, GenerationResult, finish, new_cache, prepare_inputs
 from .policies.base import Policy
+from .policies.full import Full
 from .prefill_attention import prefill_attention
 from .shape import CacheShape
 
@@ -92,17 +94,19 @@ class RecordedPrefill:
         return sum(t.numel() * t.element_size() for r in self.layers for t in (r.query, r.keys, r.values))
 
 
-class PrefillRecorder(SlotCache):
-    """A cache that runs plain prefill attention and records each layer's tensors instead of storing them."""
+class PrefillRecorder(CompressedCache):
+    """A compressed cache that runs plain prefill attention and records each layer's tensors instead of
+    running a policy (its layers stay empty: no policy, budget or decode room is ever used)."""
 
     def __init__(self, shape: CacheShape, attention_mask: torch.Tensor) -> None:
-        super().__init__(shape, attention_mask)
+        super().__init__(shape, Full(), UniformBudget(1), max_new_tokens=0, attention_mask=attention_mask,
+                         sliding_policy=Full())
         self.records: list[RecordedLayer] = []
 
-    def attend(self, slot: LayerSlot, query: torch.Tensor, scaling: float, sliding_window: int | None,
+    def attend(self, layer: CompressedLayer, query: torch.Tensor, scaling: float, sliding_window: int | None,
                softcap: float | None, position_ids: torch.Tensor | None) -> torch.Tensor:
-        keys, values, positions, valid = self.take_call(slot, query, sliding_window, position_ids)
-        self.records.append(RecordedLayer(slot.layer_idx, query, keys, values, scaling, sliding_window, softcap,
+        keys, values, positions, valid = self.take_call(layer, query, sliding_window, position_ids)
+        self.records.append(RecordedLayer(layer.layer_idx, query, keys, values, scaling, sliding_window, softcap,
                                           position_ids))
         return prefill_attention(query, keys, values, positions, valid, scaling, sliding_window, softcap)
 
@@ -139,11 +143,11 @@ def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokeni
     """
     hf_model, _, input_ids, attention_mask = prepare_inputs(model, prompts, tokenizer, input_ids,
                                                             attention_mask, chat)
-    recorder = PrefillRecorder(check_supported(hf_model), attention_mask)
     position_ids = attention_mask.long().cumsum(-1) - 1      # as generate computes them
     position_ids = position_ids.masked_fill(attention_mask == 0, 1)
-    start = time.perf_counter()
-    with headprobe_attention(hf_model):
+    with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
+        recorder = PrefillRecorder(CacheShape.from_config(hf_model.config), attention_mask)
+        start = time.perf_counter()
         out = hf_model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        use_cache=True, logits_to_keep=1, **with_cache(hf_model, recorder))
     seconds = time.perf_counter() - start
@@ -184,22 +188,33 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     if max_new_tokens < 1:
         raise HeadprobeError(f"generate_from_prefill: {param('max_new_tokens', max_new_tokens)}: expected at least 1")
     ids, mask = prefill.input_ids, prefill.attention_mask
-    cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
-    cache.compress_prompt(prefill.layers)
-    first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.device, ids.dtype)   # [batch, 1]
-    sequences = torch.cat([ids, first], 1)
-    eos = generation_eos_ids(hf_model, tokenizer)
-    if max_new_tokens > 1 and not all(int(t) in eos for t in first[:, 0]):
-        kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens - 1, **generate_kwargs}
-        if tokenizer is not None and tokenizer.pad_token_id is not None:
-            kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-        with headprobe_attention(hf_model):
-            sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(first)], 1),
-                                          **with_cache(hf_model, cache), **kwargs)
-            done = torch.tensor([int(t) in eos for t in first[:, 0]], device=sequences.device)
-            pad = tokenizer.pad_token_id if tokenizer is not None else None
-            if bool(done.any()) and pad is not None:    # rows that ended at the first token, as generate pads them
-                sequences[done, ids.shape[1] + 1:] = pad
-        cache.check_attended()
+    with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
+        cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
+        cache.compress_prompt(prefill.layers)
+        first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.device, ids.dtype)   # [batch, 1]
+        sequences = torch.cat([ids, first], 1)
+        eos = generation_eos_ids(hf_model, tokenizer)
+        if max_new_tokens > 1 and not all(int(t) in eos for t in first[:, 0]):
+            sequences = _decode_rest(hf_model, tokenizer, cache, sequences, mask, first, eos, max_new_tokens - 1,
+                                     generate_kwargs)
     return finish(tokenizer, sequences, ids.shape[1], cache)
+
+
+def _decode_rest(hf_model: Any, tokenizer: Any, cache: CompressedCache, sequences: torch.Tensor,
+                 mask: torch.Tensor, first: torch.Tensor, eos: set[int], new: int,
+                 generate_kwargs: dict[str, Any]) -> torch.Tensor:
+    """Greedy ``generate`` of ``new`` more tokens after the prompt and its recorded first token ``first``
+    ``[batch, 1]``; rows whose first token ended them are padded as generate pads them."""
+    kwargs = {"do_sample": False, "max_new_tokens": new, **generate_kwargs}
+    if tokenizer is not None and tokenizer.pad_token_id is not None:
+        kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    prompt_len = mask.shape[1]
+    sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(first)], 1),
+                                  **with_cache(hf_model, cache), **kwargs)
+    done = torch.tensor([int(t) in eos for t in first[:, 0]], device=sequences.device)
+    pad = tokenizer.pad_token_id if tokenizer is not None else None
+    if bool(done.any()) and pad is not None:
+        sequences[done, prompt_len + 1:] = pad
+    cache.check_attended()
+    return sequences
 

@@ -1,9 +1,15 @@
-"""Ragged per-(batch row, KV head) key/value storage of one layer.
+"""Ragged per-(batch row, KV head) key/value storage of one layer, behind verbs.
 
 One flat buffer per layer holds every segment back to back; segment ``s = b * kv_heads + h`` owns rows
 ``offsets[s] .. offsets[s] + capacity[s]`` of which the first ``lengths[s]`` are in use. Decoding writes
 new tokens at ``offsets + lengths`` (in place, no copy of the cache); a segment that runs out of room is
 regrown once by re-laying out the layer with a larger reserve.
+
+The buffers are private: a policy changes its layer only through the verbs (:meth:`LayerStore.write_selection`,
+:meth:`~LayerStore.append`, :meth:`~LayerStore.keep_in_place`, :meth:`~LayerStore.keep_first`,
+:meth:`~LayerStore.remove`, :meth:`~LayerStore.replace_pairs`, the per-pair state and
+:meth:`~LayerStore.relayout`) and reads it through :meth:`~LayerStore.padded` and the metadata properties.
+Only the kernels see the flat buffers (:meth:`~LayerStore.buffers`).
 
 Decoding never waits for the device. The store keeps a host mirror of ``lengths`` and ``capacity``
 (NumPy ``host_lengths``, ``host_capacity``), updated by its own methods alongside the device tensors, so
@@ -18,9 +24,12 @@ work queued before it, once per layer per token.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 import torch
+
+from .kernels.dispatch import compact, ragged_attention
 
 
 @dataclass
@@ -33,54 +42,90 @@ class Selection:
         ``[segments, k_max]`` int64 token indices into the prompt keys (entries past ``count`` ignored).
     count
         ``[segments]`` int64 number of kept tokens per segment.
+    scores
+        ``[batch, kv_heads, k]`` the scores of the kept tokens before the window, best first, when the
+        selection lists them in that order (``window_and_topk(..., window_first=True)``), else ``None``.
     """
 
     index: torch.Tensor
     count: torch.Tensor
+    scores: torch.Tensor | None = None
+
+
+class RaggedBuffers(NamedTuple):
+    """A layer's flat buffers, as the kernels read and write them.
+
+    ``keys``/``values`` ``[rows, head_dim]``, ``positions`` ``[rows]`` int32, per segment its first row
+    ``offsets`` and ``lengths`` (``[segments]`` int64), ``log_votes`` ``[rows]`` float32 or ``None``.
+    """
+
+    keys: torch.Tensor
+    values: torch.Tensor
+    positions: torch.Tensor
+    offsets: torch.Tensor
+    lengths: torch.Tensor
+    log_votes: torch.Tensor | None
 
 
 class LayerStore:
-    """The compressed cache of one attention layer.
+    """The kept pairs of one attention layer (empty until :meth:`allocate`).
+
+    Besides keys, values and their absolute positions, a store can hold per-pair statistics that move
+    with their pair (KeepKV's votes ``log p`` and score estimates) and counts the bytes of policy state
+    kept beside the pairs (MorphKV's window queries): :meth:`memory_bytes` is every byte the layer holds.
 
     Attributes
     ----------
-    keys, values
-        ``[total_capacity + 1, head_dim]`` flat buffers (post-RoPE keys); the last row is the spare row.
-    positions
-        ``[total_capacity + 1]`` int32 absolute token positions of the stored pairs.
-    log_votes
-        ``[total_capacity + 1]`` float32 KeepKV ``log p`` per pair, or ``None`` when the policy has no votes.
-    offsets, lengths, capacity
-        ``[segments]`` int64 segment metadata on the device; ``segments = batch * kv_heads``.
-    host_lengths, host_capacity
-        ``[segments]`` int64 NumPy mirrors of ``lengths`` and ``capacity`` (always equal to them).
-    spare
-        Index of the spare row (``total_capacity``): the target of masked-out writes.
-    peak_lengths
-        ``[segments]`` the largest length each segment ever reached.
+    batch, kv_heads, head_dim
+        Sizes; ``segments = batch * kv_heads``.
     """
 
-    def __init__(self, batch: int, kv_heads: int, head_dim: int, capacity: torch.Tensor | np.ndarray,
-                 dtype: torch.dtype, device: torch.device, votes: bool = False) -> None:
+    def __init__(self) -> None:
+        self.batch = self.kv_heads = self.head_dim = 0
+        self._keys: torch.Tensor | None = None
+        self.release()
+
+    # ---- allocation ------------------------------------------------------------------------------
+
+    def allocate(self, batch: int, kv_heads: int, head_dim: int, capacity: torch.Tensor | np.ndarray,
+                 dtype: torch.dtype, device: torch.device, votes: bool = False) -> LayerStore:
+        """Allocate empty segments of the given capacities (``[segments]``); returns the store.
+
+        ``votes``: the pairs carry KeepKV votes (``log p``, added to their attention logits).
+        """
         self.batch, self.kv_heads, self.head_dim = batch, kv_heads, head_dim
-        host = _host(capacity).reshape(-1)
-        self.host_capacity = host
-        self.host_lengths = np.zeros_like(host)
-        capacity = torch.from_numpy(host.copy()).to(device)
-        self.capacity = capacity
-        self.offsets = torch.cumsum(capacity, 0) - capacity
-        self.lengths = torch.zeros_like(capacity)
-        self.peak_lengths = torch.zeros_like(capacity)
-        self.spare = int(host.sum())
-        rows = self.spare + 1
+        self._layout(capacity, dtype, device, votes)
+        self._lengths = torch.zeros_like(self._capacity)
+        self._host_lengths = np.zeros_like(self._host_capacity)
+        self._peak = torch.zeros_like(self._capacity)
+        self._pair_state: dict[str, torch.Tensor] = {}
+        self._state_bytes = 0
+        return self
+
+    def release(self) -> None:
+        """Free the buffers (the store is empty again, as before :meth:`allocate`)."""
+        self._keys = self._values = self._positions = self._log_votes = None
+        self._pair_state = {}
+        self._state_bytes = 0
+
+    @property
+    def allocated(self) -> bool:
+        return self._keys is not None
+
+    def _layout(self, capacity: torch.Tensor | np.ndarray, dtype: torch.dtype, device: torch.device,
+                votes: bool) -> None:
+        """Fresh zeroed buffers and segment metadata for ``capacity`` (``[segments]``)."""
+        host = host_array(capacity).reshape(-1)
+        self._host_capacity = host
+        self._capacity = torch.from_numpy(host.copy()).to(device)
+        self._offsets = torch.cumsum(self._capacity, 0) - self._capacity
+        self._spare = int(host.sum())
+        rows = self._spare + 1
         # Zeroed: unused slots are read (masked) by the strided view, and must never hold NaN.
-        self.keys = torch.zeros(rows, head_dim, dtype=dtype, device=device)
-        self.values = torch.zeros(rows, head_dim, dtype=dtype, device=device)
-        self.positions = torch.full((rows,), -1, dtype=torch.int32, device=device)
-        self.log_votes = torch.zeros(rows, dtype=torch.float32, device=device) if votes else None
-        self.extra_bytes = 0  # policy state counted as cache memory (MorphKV queries)
-        #: Per-pair policy statistics ``[total_capacity + 1, ...]`` that move with their pair (KeepKV scores).
-        self.aux: dict[str, torch.Tensor] = {}
+        self._keys = torch.zeros(rows, self.head_dim, dtype=dtype, device=device)
+        self._values = torch.zeros(rows, self.head_dim, dtype=dtype, device=device)
+        self._positions = torch.full((rows,), -1, dtype=torch.int32, device=device)
+        self._log_votes = torch.zeros(rows, dtype=torch.float32, device=device) if votes else None
 
     # ---- sizes -----------------------------------------------------------------------------------
 
@@ -88,25 +133,57 @@ class LayerStore:
     def segments(self) -> int:
         return self.batch * self.kv_heads
 
+    @property
+    def lengths(self) -> torch.Tensor:
+        """``[segments]`` int64 pairs held per segment (on the device; read it, do not write it)."""
+        return self._lengths
+
+    @property
+    def capacity(self) -> torch.Tensor:
+        """``[segments]`` int64 rows each segment owns (on the device)."""
+        return self._capacity
+
+    @property
+    def host_lengths(self) -> np.ndarray:
+        """``[segments]`` NumPy mirror of :attr:`lengths` (always equal to it)."""
+        return self._host_lengths
+
+    @property
+    def host_capacity(self) -> np.ndarray:
+        """``[segments]`` NumPy mirror of :attr:`capacity`."""
+        return self._host_capacity
+
     def kept(self) -> torch.Tensor:
         """``[batch, kv_heads]`` tokens held per segment."""
-        return self.lengths.reshape(self.batch, self.kv_heads).clone()
+        return self._lengths.reshape(self.batch, self.kv_heads).clone()
+
+    def peak(self) -> torch.Tensor:
+        """``[batch, kv_heads]`` the most tokens each segment ever held."""
+        return self._peak.reshape(self.batch, self.kv_heads).clone()
 
     def max_length(self) -> int:
         """The longest segment (from the host mirror: no device read)."""
-        return int(self.host_lengths.max()) if self.host_lengths.size else 0
+        return int(self._host_lengths.max()) if self._host_lengths.size else 0
+
+    def element_size(self) -> int:
+        """Bytes of one key (or value) element."""
+        return self._keys.element_size()
 
     def memory_bytes(self) -> int:
         """Bytes this layer really allocates (buffers, positions, votes, metadata, policy state)."""
-        tensors = [self.keys, self.values, self.positions, self.offsets, self.lengths, self.capacity]
-        if self.log_votes is not None:
-            tensors.append(self.log_votes)
-        tensors.extend(self.aux.values())
-        return sum(t.numel() * t.element_size() for t in tensors) + self.extra_bytes
+        tensors = [self._keys, self._values, self._positions, self._offsets, self._lengths, self._capacity]
+        if self._log_votes is not None:
+            tensors.append(self._log_votes)
+        tensors.extend(self._pair_state.values())
+        return sum(t.numel() * t.element_size() for t in tensors) + self._state_bytes
+
+    def used_bytes(self) -> int:
+        """Bytes of the pairs actually held (lengths × bytes per token)."""
+        return int(self._lengths.sum()) * self.bytes_per_token()
 
     def bytes_per_token(self) -> int:
-        per = 2 * self.head_dim * self.keys.element_size() + self.positions.element_size()
-        return per + (4 if self.log_votes is not None else 0)
+        per = 2 * self.head_dim * self._keys.element_size() + self._positions.element_size()
+        return per + (4 if self._log_votes is not None else 0)
 
     def at_limit(self, limit: torch.Tensor | None = None,
                  host_limit: np.ndarray | None = None) -> tuple[torch.Tensor, np.ndarray]:
@@ -123,8 +200,8 @@ class LayerStore:
             ``[segments]`` bool tensor and the same values as a NumPy array (decide with the host one).
         """
         if limit is None:
-            limit, host_limit = self.capacity, self.host_capacity
-        return self.lengths >= limit, self.host_lengths >= host_limit
+            limit, host_limit = self._capacity, self._host_capacity
+        return self._lengths >= limit, self._host_lengths >= host_limit
 
     # ---- views -----------------------------------------------------------------------------------
 
@@ -138,72 +215,48 @@ class LayerStore:
             ``[segments, max_len]`` bool.
         """
         width = max(self.max_length(), 1)
-        ar = torch.arange(width, device=self.lengths.device)
-        valid = ar[None, :] < self.lengths[:, None]
-        index = torch.where(valid, self.offsets[:, None] + ar[None, :], self.spare)
+        ar = torch.arange(width, device=self._lengths.device)
+        valid = ar[None, :] < self._lengths[:, None]
+        index = torch.where(valid, self._offsets[:, None] + ar[None, :], self._spare)
         return index, valid
 
     def padded(self) -> dict[str, torch.Tensor]:
-        """Keys, values, positions and mask as ``[segments, max_len, ...]`` tensors (copies)."""
+        """Keys, values, positions, votes and mask as ``[segments, max_len, ...]`` tensors, to read.
+
+        ``index`` (the flat row of each entry) addresses the per-pair state (:meth:`pair_state`). When every
+        segment has the same capacity the tensors are views of the buffers, so they are read, not written.
+        """
         index, valid = self.view_index()
         width = index.shape[1]
-        cap = int(self.host_capacity[0]) if self.host_capacity.size else 0
-        if cap >= width and bool((self.host_capacity == cap).all()):
+        cap = int(self._host_capacity[0]) if self._host_capacity.size else 0
+        if cap >= width and bool((self._host_capacity == cap).all()):
             # Equal capacities: the segments are a strided view of the flat buffer, no gather needed.
             seg = self.segments
             out = {"index": index, "valid": valid,
-                   "keys": self.keys[: seg * cap].view(seg, cap, -1)[:, :width],
-                   "values": self.values[: seg * cap].view(seg, cap, -1)[:, :width],
-                   "positions": self.positions[: seg * cap].view(seg, cap)[:, :width].long()}
-            if self.log_votes is not None:
-                out["log_votes"] = self.log_votes[: seg * cap].view(seg, cap)[:, :width]
+                   "keys": self._keys[: seg * cap].view(seg, cap, -1)[:, :width],
+                   "values": self._values[: seg * cap].view(seg, cap, -1)[:, :width],
+                   "positions": self._positions[: seg * cap].view(seg, cap)[:, :width].long()}
+            if self._log_votes is not None:
+                out["log_votes"] = self._log_votes[: seg * cap].view(seg, cap)[:, :width]
             return out
-        out = {"index": index, "valid": valid, "keys": self.keys[index], "values": self.values[index],
-               "positions": self.positions[index].long()}
-        if self.log_votes is not None:
-            out["log_votes"] = self.log_votes[index]
+        out = {"index": index, "valid": valid, "keys": self._keys[index], "values": self._values[index],
+               "positions": self._positions[index].long()}
+        if self._log_votes is not None:
+            out["log_votes"] = self._log_votes[index]
         return out
 
+    def buffers(self) -> RaggedBuffers:
+        """The flat buffers, for the kernels (:mod:`headprobe.runtime.kernels.dispatch`) only."""
+        return RaggedBuffers(self._keys, self._values, self._positions, self._offsets, self._lengths,
+                             self._log_votes)
+
+    def attend(self, query: torch.Tensor, query_positions: torch.Tensor, scaling: float,
+               sliding_window: int | None = None, softcap: float | None = None) -> torch.Tensor:
+        """Attention of ``query`` ``[batch, q_heads, n, head_dim]`` over the stored pairs; same shape out."""
+        return ragged_attention(query, self, query_positions, scaling, sliding_window, softcap,
+                                max_len=self.max_length())
+
     # ---- writes ----------------------------------------------------------------------------------
-
-    def add_aux(self, name: str, trailing: tuple[int, ...] = (), fill: float = 0.0) -> torch.Tensor:
-        """Allocate a per-pair statistic ``[total_capacity + 1, *trailing]`` float32."""
-        self.aux[name] = torch.full((self.keys.shape[0], *trailing), fill, dtype=torch.float32,
-                                    device=self.keys.device)
-        return self.aux[name]
-
-    def _move_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """Copy rows ``src`` to rows ``dst`` of every per-pair buffer (all reads before the writes)."""
-        for t in (self.keys, self.values, self.positions, self.log_votes, *self.aux.values()):
-            if t is not None:
-                t[dst] = t[src].clone()
-
-    def set_lengths(self, lengths: torch.Tensor) -> None:
-        """Set every segment's length (``[segments]``, at most its capacity); reads it to the host once."""
-        self.lengths = lengths.to(device=self.lengths.device, dtype=torch.int64).reshape(-1).clone()
-        self.host_lengths = _host(self.lengths).reshape(-1)
-        self._track_peak()
-
-    def remove(self, local_slot: torch.Tensor, mask: torch.Tensor, host_mask: np.ndarray) -> None:
-        """Drop pair ``local_slot[s]`` of every segment where ``mask[s]`` (the last pair moves into its slot).
-
-        Parameters
-        ----------
-        local_slot
-            ``[segments]`` slot to drop, ``< lengths`` where ``mask``.
-        mask, host_mask
-            ``[segments]`` bool on the device and the same values on the host (:meth:`at_limit`).
-        """
-        if not host_mask.any():
-            return
-        src = torch.where(mask, self.offsets + self.lengths - 1, self.spare)
-        dst = torch.where(mask, self.offsets + local_slot, self.spare)
-        self._move_rows(dst, src)
-        self.lengths = self.lengths - mask.long()
-        self.host_lengths = self.host_lengths - host_mask
-
-    def _track_peak(self) -> None:
-        torch.maximum(self.peak_lengths, self.lengths, out=self.peak_lengths)
 
     def write_selection(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                         selection: Selection, log_votes: torch.Tensor | None = None) -> None:
@@ -220,26 +273,18 @@ class LayerStore:
         log_votes
             ``[segments, k_max]`` initial ``log p`` of the selected pairs (KeepKV), else zeros.
         """
-        from .kernels.dispatch import compact
-
-        count = _host(selection.count).reshape(-1)
-        if bool((count > self.host_capacity).any()):
+        count = host_array(selection.count).reshape(-1)
+        if bool((count > self._host_capacity).any()):
             raise ValueError("selection larger than the segment capacity")
-        compact(self, keys, values, positions, selection)
-        self.host_lengths = count
-        if self.log_votes is not None and log_votes is not None:
+        compact(self.buffers(), keys, values, positions, selection)
+        self._host_lengths = count
+        if self._log_votes is not None and log_votes is not None:
             k = selection.index.shape[1]
             ar = torch.arange(k, device=keys.device)
             valid = ar[None, :] < selection.count[:, None]
-            rows = (self.offsets[:, None] + ar[None, :])[valid]
-            self.log_votes[rows] = log_votes[valid].float()
+            rows = (self._offsets[:, None] + ar[None, :])[valid]
+            self._log_votes[rows] = log_votes[valid].float()
         self._track_peak()
-
-    def ensure_room(self, extra: int) -> None:
-        """Make room for ``extra`` more tokens in every segment (re-layout when some segment is full)."""
-        room = self.host_capacity - self.host_lengths
-        if bool((room < extra).any()):
-            self.relayout(np.clip(room, 0, None) + max(extra, 64))
 
     def append(self, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                valid: torch.Tensor | None = None) -> None:
@@ -264,41 +309,25 @@ class LayerStore:
         else:
             ok = valid[:, None, :].expand(b, h, n).reshape(b * h, n)
             added = ok.long().sum(1)
-            host_added = _host(added)
-        slot = self.lengths[:, None] + torch.cumsum(ok.long(), 1) - 1
-        rows = torch.where(ok, self.offsets[:, None] + slot, self.spare).reshape(-1)
-        self.keys[rows] = keys.reshape(b * h * n, d).to(self.keys.dtype)
-        self.values[rows] = values.reshape(b * h * n, d).to(self.values.dtype)
-        self.positions[rows] = positions[:, None, :].expand(b, h, n).reshape(-1).to(torch.int32)
-        if self.log_votes is not None:
-            self.log_votes[rows] = 0.0
-        for t in self.aux.values():
+            host_added = host_array(added)
+        slot = self._lengths[:, None] + torch.cumsum(ok.long(), 1) - 1
+        rows = torch.where(ok, self._offsets[:, None] + slot, self._spare).reshape(-1)
+        self._keys[rows] = keys.reshape(b * h * n, d).to(self._keys.dtype)
+        self._values[rows] = values.reshape(b * h * n, d).to(self._values.dtype)
+        self._positions[rows] = positions[:, None, :].expand(b, h, n).reshape(-1).to(torch.int32)
+        if self._log_votes is not None:
+            self._log_votes[rows] = 0.0
+        for t in self._pair_state.values():
             t[rows] = 0.0
-        self.lengths = self.lengths + added
-        self.host_lengths = self.host_lengths + host_added
+        self._lengths = self._lengths + added
+        self._host_lengths = self._host_lengths + host_added
         self._track_peak()
 
-    def overwrite(self, local_slot: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                  positions: torch.Tensor) -> None:
-        """Write one new token per segment into slot ``local_slot`` (an evicted pair), in place.
-
-        Parameters
-        ----------
-        local_slot
-            ``[segments]`` slot within the segment, ``< lengths``.
-        keys, values
-            ``[batch, kv_heads, 1, head_dim]``.
-        positions
-            ``[batch]`` positions of the new tokens.
-        """
-        rows = self.offsets + local_slot
-        self.keys[rows] = keys.reshape(-1, self.head_dim).to(self.keys.dtype)
-        self.values[rows] = values.reshape(-1, self.head_dim).to(self.values.dtype)
-        self.positions[rows] = positions[:, None].expand(self.batch, self.kv_heads).reshape(-1).to(torch.int32)
-        if self.log_votes is not None:
-            self.log_votes[rows] = 0.0
-        for t in self.aux.values():
-            t[rows] = 0.0
+    def ensure_room(self, extra: int) -> None:
+        """Make room for ``extra`` more tokens in every segment (re-layout when some segment is full)."""
+        room = self._host_capacity - self._host_lengths
+        if bool((room < extra).any()):
+            self.relayout(np.clip(room, 0, None) + max(extra, 64))
 
     def keep_in_place(self, local_index: torch.Tensor, count: torch.Tensor,
                       host_count: np.ndarray | None = None) -> None:
@@ -313,46 +342,141 @@ class LayerStore:
         host_count
             ``count`` on the host when the caller knows it (else it is read from the device).
         """
-        host_count = _host(count).reshape(-1) if host_count is None else np.asarray(host_count, dtype=np.int64)
+        host_count = host_array(count).reshape(-1) if host_count is None else np.asarray(host_count, dtype=np.int64)
         k = local_index.shape[1]
         if k == 0:
-            self.lengths = torch.zeros_like(self.lengths)
-            self.host_lengths = np.zeros_like(self.host_lengths)
+            self._lengths = torch.zeros_like(self._lengths)
+            self._host_lengths = np.zeros_like(self._host_lengths)
             return
         ar = torch.arange(k, device=local_index.device)
         valid = ar[None, :] < count[:, None]
-        src = torch.where(valid, self.offsets[:, None] + local_index.clamp(min=0), self.spare)
-        dst = torch.where(valid, self.offsets[:, None] + ar[None, :], self.spare)
+        src = torch.where(valid, self._offsets[:, None] + local_index.clamp(min=0), self._spare)
+        dst = torch.where(valid, self._offsets[:, None] + ar[None, :], self._spare)
         self._move_rows(dst.reshape(-1), src.reshape(-1))
-        self.lengths = count.to(self.lengths.dtype).clone()
-        self.host_lengths = host_count.copy()
+        self._lengths = count.to(self._lengths.dtype).clone()
+        self._host_lengths = host_count.copy()
+
+    def keep_first(self, lengths: torch.Tensor) -> None:
+        """Cut every segment to its first ``lengths[s]`` pairs (``[segments]``, at most what it holds); reads
+        them to the host once."""
+        self._lengths = lengths.to(device=self._lengths.device, dtype=torch.int64).reshape(-1).clone()
+        self._host_lengths = host_array(self._lengths).reshape(-1)
+        self._track_peak()
+
+    def remove(self, local_slot: torch.Tensor, mask: torch.Tensor, host_mask: np.ndarray) -> None:
+        """Drop pair ``local_slot[s]`` of every segment where ``mask[s]`` (the last pair moves into its slot).
+
+        Parameters
+        ----------
+        local_slot
+            ``[segments]`` slot to drop, ``< lengths`` where ``mask``.
+        mask, host_mask
+            ``[segments]`` bool on the device and the same values on the host (:meth:`at_limit`).
+        """
+        if not host_mask.any():
+            return
+        src = torch.where(mask, self._offsets + self._lengths - 1, self._spare)
+        dst = torch.where(mask, self._offsets + local_slot, self._spare)
+        self._move_rows(dst, src)
+        self._lengths = self._lengths - mask.long()
+        self._host_lengths = self._host_lengths - host_mask
+
+    def replace_pairs(self, local_slot: torch.Tensor, mask: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+                      log_votes: torch.Tensor | None = None, state: dict[str, torch.Tensor] | None = None) -> None:
+        """Overwrite pair ``local_slot[s]`` of every segment where ``mask[s]`` (a merge's result), in place.
+
+        Parameters
+        ----------
+        local_slot
+            ``[segments]`` slot to overwrite, ``< lengths`` where ``mask``.
+        mask
+            ``[segments]`` bool; the other segments write nothing (their writes go to the spare row).
+        keys, values
+            ``[segments, head_dim]`` the new pairs.
+        log_votes
+            ``[segments]`` their votes ``log p`` (a store with votes).
+        state
+            Per-pair statistics (:meth:`add_pair_state`) by name, ``[segments, ...]``.
+        """
+        rows = torch.where(mask, self._offsets + local_slot, self._spare)
+        self._keys[rows] = keys.to(self._keys.dtype)
+        self._values[rows] = values.to(self._values.dtype)
+        if log_votes is not None:
+            self._log_votes[rows] = log_votes.to(self._log_votes.dtype)
+        for name, value in (state or {}).items():
+            buffer = self._pair_state[name]
+            buffer[rows] = value.to(buffer.dtype)
 
     def relayout(self, reserve: torch.Tensor | np.ndarray | int) -> None:
         """Reallocate tightly: capacity = length + reserve per segment (one copy of the kept pairs)."""
         index, valid = self.view_index()
-        reserve_host = np.broadcast_to(_host(reserve), self.host_lengths.shape)
-        new = LayerStore(self.batch, self.kv_heads, self.head_dim, self.host_lengths + reserve_host, self.keys.dtype,
-                         self.keys.device, votes=self.log_votes is not None)
+        reserve_host = np.broadcast_to(host_array(reserve), self._host_lengths.shape)
+        keys, values, positions, log_votes = self._keys, self._values, self._positions, self._log_votes
+        self._layout(self._host_lengths + reserve_host, keys.dtype, keys.device, votes=log_votes is not None)
         width = index.shape[1]
         ar = torch.arange(width, device=index.device)
-        dst = torch.where(valid, new.offsets[:, None] + ar[None, :], new.spare).reshape(-1)
+        dst = torch.where(valid, self._offsets[:, None] + ar[None, :], self._spare).reshape(-1)
         src = index.reshape(-1)
-        new.keys[dst] = self.keys[src]
-        new.values[dst] = self.values[src]
-        new.positions[dst] = self.positions[src]
-        if self.log_votes is not None:
-            new.log_votes[dst] = self.log_votes[src]
-        for name, t in self.aux.items():
-            new.aux[name] = torch.zeros((new.keys.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
-            new.aux[name][dst] = t[src]
-        new.lengths = self.lengths.clone()
-        new.host_lengths = self.host_lengths.copy()
-        new.peak_lengths = torch.maximum(self.peak_lengths, new.lengths)
-        new.extra_bytes = self.extra_bytes
-        self.__dict__.update(new.__dict__)
+        self._keys[dst] = keys[src]
+        self._values[dst] = values[src]
+        self._positions[dst] = positions[src]
+        if log_votes is not None:
+            self._log_votes[dst] = log_votes[src]
+        for name, t in self._pair_state.items():
+            moved = torch.zeros((self._keys.shape[0], *t.shape[1:]), dtype=t.dtype, device=t.device)
+            moved[dst] = t[src]
+            self._pair_state[name] = moved
+        self._lengths = self._lengths.clone()
+        self._peak = torch.maximum(self._peak, self._lengths)
+
+    # ---- policy state ----------------------------------------------------------------------------
+
+    def add_pair_state(self, name: str, first: torch.Tensor) -> None:
+        """Add a float32 per-pair statistic that moves with its pair (counted in :meth:`memory_bytes`).
+
+        Parameters
+        ----------
+        name
+            Its name, for :meth:`pair_state`, :meth:`set_pair_state` and :meth:`replace_pairs`.
+        first
+            ``[segments, k, *trailing]`` its values for each segment's first ``k`` pairs (those past the
+            segment's length are ignored). Every other pair, and each appended one, starts at 0.
+        """
+        k = first.shape[1]
+        buffer = torch.zeros((self._keys.shape[0], *first.shape[2:]), dtype=torch.float32, device=self._keys.device)
+        ar = torch.arange(k, device=first.device)
+        valid = ar[None, :] < self._lengths[:, None]
+        buffer[(self._offsets[:, None] + ar[None, :])[valid]] = first[valid].to(buffer.dtype)
+        self._pair_state[name] = buffer
+
+    def pair_state(self, name: str, index: torch.Tensor) -> torch.Tensor:
+        """The statistic ``name`` of the pairs at ``index`` (``padded()["index"]``): ``[*index.shape, ...]``."""
+        return self._pair_state[name][index]
+
+    def set_pair_state(self, name: str, index: torch.Tensor, values: torch.Tensor) -> None:
+        """Write the statistic ``name`` of the pairs at ``index`` (``padded()["index"]``; padding entries
+        address the spare row, which no pair reads)."""
+        buffer = self._pair_state[name]
+        buffer[index] = values.to(buffer.dtype)
+
+    def set_state_bytes(self, nbytes: int) -> None:
+        """Count ``nbytes`` of policy state kept beside the pairs (MorphKV's window queries) as this layer's
+        memory."""
+        self._state_bytes = nbytes
+
+    # ---- internals -------------------------------------------------------------------------------
+
+    def _move_rows(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Copy rows ``src`` to rows ``dst`` of every per-pair buffer (all reads before the writes)."""
+        for t in (self._keys, self._values, self._positions, self._log_votes, *self._pair_state.values()):
+            if t is not None:
+                t[dst] = t[src].clone()
+
+    def _track_peak(self) -> None:
+        torch.maximum(self._peak, self._lengths, out=self._peak)
 
 
-def _host(x: torch.Tensor | np.ndarray | int) -> np.ndarray:
+def host_array(x: torch.Tensor | np.ndarray | int) -> np.ndarray:
     """``x`` as a host int64 array (a device tensor is read once: callers keep this off the decode path)."""
     if isinstance(x, torch.Tensor):
         return x.detach().to("cpu", torch.int64).numpy().copy()

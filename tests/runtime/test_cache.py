@@ -80,7 +80,7 @@ def test_decode_appends_in_place(tiny_llama):
     enc = tiny_llama.tokenizer(PROMPTS[:1], return_tensors="pt")
     buffers = []
     layer0 = tiny_llama.model.model.layers[0].self_attn
-    hook = layer0.register_forward_hook(lambda *_: buffers.append(cache.stores[0].keys.data_ptr()))
+    hook = layer0.register_forward_hook(lambda *_: buffers.append(cache.layers[0].buffers().keys.data_ptr()))
     try:
         with headprobe_attention(tiny_llama.model):
             tiny_llama.model.generate(**enc, **with_cache(tiny_llama.model, cache), max_new_tokens=16, do_sample=False,

@@ -166,7 +166,7 @@ def test_ragged_attention_hands_the_host_maximum_to_the_decode_kernel(monkeypatc
     keys, values = torch.randn(1, 2, 30, 16, generator=g), torch.randn(1, 2, 30, 16, generator=g)
     count = torch.tensor([30, 11])
     index = torch.arange(30)[None].repeat(2, 1)
-    store = LayerStore(1, 2, 16, count + 4, keys.dtype, keys.device)
+    store = LayerStore().allocate(1, 2, 16, count + 4, keys.dtype, keys.device)
     store.write_selection(keys, values, torch.arange(30)[None], Selection(index=index, count=count))
     seen = {}
 
@@ -188,7 +188,7 @@ def test_ragged_attention_hands_the_host_maximum_to_the_decode_kernel(monkeypatc
 def test_store_writes_of_empty_segments_go_to_the_spare_row():
     """Dense writes: a segment with nothing to move writes the spare row, never another segment's pairs."""
     keys = torch.arange(2 * 2 * 6 * 4, dtype=torch.float32).reshape(2 * 2, 6, 4)[None].reshape(1, 4, 6, 4)
-    store = LayerStore(1, 4, 4, torch.tensor([6, 6, 6, 6]), torch.float32, torch.device("cpu"))
+    store = LayerStore().allocate(1, 4, 4, torch.tensor([6, 6, 6, 6]), torch.float32, torch.device("cpu"))
     count = torch.tensor([6, 3, 6, 1])
     store.write_selection(keys, -keys, torch.arange(6)[None], Selection(torch.arange(6)[None].repeat(4, 1), count))
     before = {k: v.clone() for k, v in store.padded().items()}      # (views of the buffer otherwise)

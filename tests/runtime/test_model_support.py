@@ -9,7 +9,7 @@ from transformers.models.llama import modeling_llama
 from transformers.models.llama.modeling_llama import ALL_ATTENTION_FUNCTIONS, apply_rotary_pos_emb, repeat_kv
 
 from headprobe import HeadprobeError
-from headprobe.runtime import generate_compressed, record_prefill
+from headprobe.runtime import generate_compressed, generate_from_prefill, record_prefill
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -98,6 +98,27 @@ def test_model_without_the_attention_interface_is_refused(tiny_llama, monkeypatc
     monkeypatch.setattr(type(tiny_llama.model), "_supports_attention_backend", False)
     with pytest.raises(HeadprobeError, match="LlamaForCausalLM does not route its attention through"):
         generate_compressed(tiny_llama, PROMPTS, capacity=12, max_new_tokens=1)
+
+
+def test_support_is_checked_once_per_call_and_before_the_policy(tiny_llama, monkeypatch):
+    """Each entry point checks the model once (``headprobe_attention`` does), before the policy and budget
+    are looked at: an unsupported model with a bad option is refused for the model."""
+    from headprobe.runtime import cache_attention
+
+    calls = []
+    check = cache_attention.check_supported
+    monkeypatch.setattr(cache_attention, "check_supported", lambda model: (calls.append(1), check(model))[1])
+    generate_compressed(tiny_llama, PROMPTS, capacity=12, max_new_tokens=3)
+    assert len(calls) == 1
+    record = record_prefill(tiny_llama, PROMPTS)
+    assert len(calls) == 2
+    generate_from_prefill(tiny_llama, record, capacity=12, max_new_tokens=3)
+    assert len(calls) == 3
+    monkeypatch.setattr(type(tiny_llama.model), "_supports_attention_backend", False)
+    for run in (lambda: generate_compressed(tiny_llama, PROMPTS, policy="snapkv", policy_options={"nope": 1}),
+                lambda: generate_from_prefill(tiny_llama, record, policy="snapkv", policy_options={"nope": 1})):
+        with pytest.raises(HeadprobeError, match="does not route its attention through"):
+            run()
 
 
 def test_sliding_window_the_config_does_not_declare_is_refused(tiny_llama, monkeypatch):

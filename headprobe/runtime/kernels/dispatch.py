@@ -23,12 +23,12 @@ from .launch import interpreting
 from .torch_ref import compact_torch, ragged_attention_torch
 
 
-class SegmentStore(Protocol):
-    """What the kernels read and write of a layer's store (:class:`headprobe.runtime.store.LayerStore`).
+class Buffers(Protocol):
+    """A layer's flat buffers (:class:`headprobe.runtime.store.RaggedBuffers`).
 
-    Flat ``keys``/``values`` ``[rows, head_dim]`` and ``positions`` ``[rows]``; per segment
+    ``keys``/``values`` ``[rows, head_dim]`` and ``positions`` ``[rows]``; per segment
     ``s = b · kv_heads + h`` its first row ``offsets[s]`` and ``lengths[s]``; ``log_votes`` ``[rows]`` or
-    ``None``; ``padded()`` the per-segment padded view the PyTorch path attends over.
+    ``None``.
     """
 
     keys: torch.Tensor
@@ -37,7 +37,15 @@ class SegmentStore(Protocol):
     offsets: torch.Tensor
     lengths: torch.Tensor
     log_votes: torch.Tensor | None
+
+
+class SegmentStore(Protocol):
+    """What the attention reads of a layer's store (:class:`headprobe.runtime.store.LayerStore`): its
+    ``buffers()`` for the kernel, ``padded()`` (the per-segment padded view) for the PyTorch path."""
+
     kv_heads: int
+
+    def buffers(self) -> Buffers: ...
 
     def padded(self) -> dict[str, torch.Tensor]: ...
 
@@ -132,22 +140,23 @@ def _first_launch(kernel: str, launch: Callable[[], T], fallback: Callable[[], T
     return result
 
 
-def compact(store: SegmentStore, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+def compact(buffers: Buffers, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
             selection: TokenSelection) -> None:
-    """Gather the selected prompt pairs of every segment of a layer into the store (one launch)."""
+    """Gather the selected prompt pairs of every segment of a layer into its buffers (one launch); sets
+    ``buffers.lengths`` to the counts."""
 
     def with_torch() -> None:
-        compact_torch(keys, values, positions, selection.index, selection.count, store.offsets,
-                      store.keys, store.values, store.positions)
-        store.lengths.copy_(selection.count)
+        compact_torch(keys, values, positions, selection.index, selection.count, buffers.offsets,
+                      buffers.keys, buffers.values, buffers.positions)
+        buffers.lengths.copy_(selection.count)
 
     if not _use_triton(keys.device):
         return with_torch()
 
     def with_triton() -> None:
         from .compact import compact_triton
-        compact_triton(keys, values, positions, selection.index, selection.count, store.offsets,
-                       store.keys, store.values, store.positions, store.lengths)
+        compact_triton(keys, values, positions, selection.index, selection.count, buffers.offsets,
+                       buffers.keys, buffers.values, buffers.positions, buffers.lengths)
 
     return _first_launch("compaction", with_triton, with_torch)
 
@@ -173,8 +182,9 @@ def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: 
 
     def with_triton() -> torch.Tensor:
         from .ragged_decode import ragged_decode_triton
-        return ragged_decode_triton(query, store.keys, store.values, store.positions, store.offsets,
-                                    store.lengths, store.kv_heads, query_positions, scaling, sliding_window,
-                                    store.log_votes, max_len=max_len)
+        buf = store.buffers()
+        return ragged_decode_triton(query, buf.keys, buf.values, buf.positions, buf.offsets, buf.lengths,
+                                    store.kv_heads, query_positions, scaling, sliding_window, buf.log_votes,
+                                    max_len=max_len)
 
     return _first_launch("ragged decode", with_triton, with_torch)

@@ -144,6 +144,26 @@ def choose_split(max_len: int, segments: int, sms: int) -> int:
     return -(-split // SPLIT_ALIGN) * SPLIT_ALIGN
 
 
+def _splits(lengths: torch.Tensor, segments: int, device: torch.device, split: int | None,
+            max_len: int | None) -> tuple[int, int]:
+    """Rows per split-K program (``split``, default :func:`choose_split`) and the number of splits, from the
+    longest segment (``max_len``; else read from ``lengths``, one device sync)."""
+    if max_len is None:
+        max_len = int(lengths.max())
+    if split is None:
+        split = choose_split(max_len, segments, sm_count(device))
+    return split, max(1, triton.cdiv(max(max_len, 1), split))
+
+
+def _partials(segments: int, splits: int, block_g: int, d: int,
+              device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each split's running max and sum ``[segments, splits, block_g]`` and accumulator
+    ``[segments, splits, block_g, d]`` (float32), which the combine kernel merges."""
+    m_out = torch.empty(segments, splits, block_g, dtype=torch.float32, device=device)
+    return m_out, torch.empty_like(m_out), torch.empty(segments, splits, block_g, d, dtype=torch.float32,
+                                                       device=device)
+
+
 def ragged_decode_triton(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
                          offsets: torch.Tensor, lengths: torch.Tensor, kv_heads: int,
                          query_positions: torch.Tensor, scaling: float, sliding_window: int | None = None,
@@ -185,20 +205,11 @@ def ragged_decode_triton(query: torch.Tensor, keys: torch.Tensor, values: torch.
     out = torch.empty(b * hq, d, dtype=query.dtype, device=dev)
     if segments == 0:
         return out.reshape(b, hq, 1, d)
-    if max_len is None:
-        max_len = int(lengths.max())
-    if split is None:
-        split = choose_split(max_len, segments, sm_count(dev))
-    splits = max(1, triton.cdiv(max(max_len, 1), split))
+    split, splits = _splits(lengths, segments, dev, split, max_len)
     block_g = max(16, triton.next_power_of_2(group))
     block_d = max(16, triton.next_power_of_2(d))
     final = splits == 1
-    if final:
-        m_out = l_out = acc_out = out                              # not written when FINAL
-    else:
-        m_out = torch.empty(segments, splits, block_g, dtype=torch.float32, device=dev)
-        l_out = torch.empty_like(m_out)
-        acc_out = torch.empty(segments, splits, block_g, d, dtype=torch.float32, device=dev)
+    m_out, l_out, acc_out = (out,) * 3 if final else _partials(segments, splits, block_g, d, dev)
     q = query.reshape(b * hq, d).contiguous()
     qpos = query_positions[:, -1].to(torch.int64).contiguous()
     votes = log_votes if log_votes is not None else positions

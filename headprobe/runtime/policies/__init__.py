@@ -1,6 +1,6 @@
 """Token selection policies, one module each; :data:`POLICIES` maps the names ``make_policy`` accepts."""
 
-from .base import LayerContext, LayerMemory, Policy, ScorerPolicy
+from .base import LayerContext, Policy, Rebalance, ScorerPolicy
 from .dynamickv import DynamicKV
 from .full import Full
 from .keepkv import KeepKV
@@ -15,5 +15,5 @@ from .streaming import Streaming
 POLICIES: dict[str, type[Policy]] = {cls.name: cls for cls in (Full, SnapKV, Streaming, KeyDiff, MorphKV,
                                                                  KeepKV, DynamicKV)}
 
-__all__ = ["POLICIES", "DynamicKV", "Full", "KeepKV", "KeyDiff", "LayerContext", "LayerMemory", "MorphKV",
-           "Policy", "ScorerPolicy", "SlidingWindow", "SnapKV", "Streaming"]
+__all__ = ["POLICIES", "DynamicKV", "Full", "KeepKV", "KeyDiff", "LayerContext", "MorphKV", "Policy",
+           "Rebalance", "ScorerPolicy", "SlidingWindow", "SnapKV", "Streaming"]

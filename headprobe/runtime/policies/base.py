@@ -1,9 +1,11 @@
 """The policy interface: what to keep at prefill, what to evict while decoding.
 
 A policy sees one layer at a time through a :class:`LayerContext`: the new tokens' tensors and budgets,
-plus the only parts of the cache it may touch: its own layer's store (read it, replace it), the cache's
-shape (layers, KV heads, layer types), the decode room ``max_new_tokens``, and the state it declares
-(:attr:`Policy.layer_state` per layer, :attr:`Policy.cache_state` shared by the layers of one cache).
+plus the only parts of the cache it may touch: its own layer's store (:class:`~headprobe.runtime.store.LayerStore`,
+changed only through its verbs), the cache's shape (layers, KV heads, layer types), the decode room
+``max_new_tokens``, and the state it declares (:attr:`Policy.layer_state` per layer,
+:attr:`Policy.cache_state` shared by the layers of one cache). A policy that decides across layers
+(DynamicKV) returns a :class:`Rebalance` from :meth:`Policy.rebalance`, which the cache applies.
 
 The default prefill runs full causal attention over the prompt, asks :meth:`Policy.select` which tokens
 each segment keeps and gathers them into the layer's store; the default decode appends the new token in
@@ -21,33 +23,9 @@ import numpy as np
 import torch
 
 from ...errors import HeadprobeError
-from ..kernels.dispatch import ragged_attention
 from ..prefill_attention import prefill_attention
 from ..shape import CacheShape
 from ..store import LayerStore, Selection
-
-
-@dataclass
-class LayerMemory:
-    """What a cache keeps for one layer between attention calls.
-
-    Attributes
-    ----------
-    layer_idx
-        Layer index.
-    store
-        The layer's :class:`~headprobe.runtime.store.LayerStore`, ``None`` until its prefill.
-    state
-        The policy's per-layer state (an instance of :attr:`Policy.layer_state`), ``None`` without one.
-    host_budgets
-        ``[batch * kv_heads]`` the layer's budgets as a host array, read from the device once (at prefill)
-        so that decoding decides on the host (:meth:`LayerContext.budgets_on_host`).
-    """
-
-    layer_idx: int
-    store: LayerStore | None = None
-    state: Any = None
-    host_budgets: np.ndarray | None = None
 
 
 @dataclass
@@ -56,8 +34,13 @@ class LayerContext:
 
     Attributes
     ----------
-    memory
-        The layer's store and policy state (read through :attr:`store` and :attr:`state`).
+    layer_idx
+        Layer index.
+    store
+        The layer's store: empty (``store.allocated`` False) during the layer's prefill until the policy
+        allocates it (:meth:`allocate`, :meth:`Policy.build_store`).
+    state
+        The policy's state for this layer (an instance of :attr:`Policy.layer_state`), ``None`` without one.
     shape
         Layers, KV heads and layer types of the cache.
     max_new_tokens
@@ -73,13 +56,18 @@ class LayerContext:
     budgets
         ``[batch, kv_heads]`` int64 tokens each segment may keep (window included), as resolved for the
         prompt; the same at every call of the layer.
+    host_budgets
+        ``[batch * kv_heads]`` the same budgets as a host int64 array, one per segment, so that decoding
+        decides on the host.
     scaling, sliding_window, softcap
         As the model's attention passes them.
     shared
         The policy's cache-wide state (an instance of :attr:`Policy.cache_state`), ``None`` without one.
     """
 
-    memory: LayerMemory
+    layer_idx: int
+    store: LayerStore
+    state: Any
     shape: CacheShape
     max_new_tokens: int
     query: torch.Tensor
@@ -88,28 +76,11 @@ class LayerContext:
     positions: torch.Tensor
     valid: torch.Tensor
     budgets: torch.Tensor
+    host_budgets: np.ndarray
     scaling: float
     sliding_window: int | None = None
     softcap: float | None = None
     shared: Any = None
-
-    @property
-    def layer_idx(self) -> int:
-        return self.memory.layer_idx
-
-    @property
-    def store(self) -> LayerStore | None:
-        """The layer's store (``None`` during its prefill, until the policy sets it)."""
-        return self.memory.store
-
-    @store.setter
-    def store(self, store: LayerStore) -> None:
-        self.memory.store = store
-
-    @property
-    def state(self) -> Any:
-        """The policy's state for this layer (:attr:`Policy.layer_state`)."""
-        return self.memory.state
 
     @property
     def batch(self) -> int:
@@ -129,17 +100,28 @@ class LayerContext:
         """``[batch]`` real (unpadded) tokens in this call."""
         return self.valid.long().sum(1)
 
-    def budgets_on_host(self) -> np.ndarray:
-        """``[batch * kv_heads]`` :attr:`budgets` as a host int64 array, one per segment.
+    def allocate(self, capacity: torch.Tensor, votes: bool = False) -> LayerStore:
+        """Allocate the layer's store with ``capacity`` ``[segments]`` rows per segment, for pairs shaped and
+        placed like :attr:`keys` (``votes``: the pairs carry KeepKV votes); returns it, empty."""
+        return self.store.allocate(self.batch, self.kv_heads, self.keys.shape[-1], capacity, self.keys.dtype,
+                                   self.keys.device, votes=votes)
 
-        Read from the device at the layer's prefill (:meth:`Policy.build_store`) or, failing that, at its
-        first decoding step, and kept in the layer's memory: decoding never reads the budgets again.
-        """
-        host = self.memory.host_budgets
-        if host is None or host.shape[0] != self.budgets.numel():
-            host = self.budgets.detach().reshape(-1).to("cpu", torch.int64).numpy().copy()
-            self.memory.host_budgets = host
-        return host
+
+@dataclass
+class Rebalance:
+    """What a policy changes in layers other than the current one, applied by the cache.
+
+    Attributes
+    ----------
+    lengths
+        Layer index → ``[batch * kv_heads]`` int64: that layer's segments are cut to their first ``lengths``
+        pairs (the policy stored them best first).
+    room
+        When set, every listed layer is then re-laid out with this decode room per segment.
+    """
+
+    lengths: dict[int, torch.Tensor]
+    room: int | None = None
 
 
 # ---- selection helpers ---------------------------------------------------------------------------------
@@ -168,7 +150,8 @@ def prompt_prefix(lengths: torch.Tensor, n: int, window: int) -> tuple[torch.Ten
     return w, prefix
 
 
-def window_and_topk(scores: torch.Tensor, budgets: torch.Tensor, lengths: torch.Tensor, window: int) -> Selection:
+def window_and_topk(scores: torch.Tensor, budgets: torch.Tensor, lengths: torch.Tensor, window: int,
+                    window_first: bool = False) -> Selection:
     """Keep the last ``window`` real tokens plus the top ``budget - window`` scored tokens before them.
 
     Parameters
@@ -181,11 +164,15 @@ def window_and_topk(scores: torch.Tensor, budgets: torch.Tensor, lengths: torch.
         ``[batch]`` real tokens per row (left padding).
     window
         Recent tokens always kept.
+    window_first
+        List each head's window first, then its other tokens by decreasing score (so that cutting a head
+        to its first ``k`` tokens keeps the window and the best ``k - window``), and return their scores
+        in :attr:`Selection.scores`. Default: every head's tokens sorted by position.
 
     Returns
     -------
     Selection
-        Per segment ``b * kv_heads + h``: indices sorted by position.
+        Per segment ``b * kv_heads + h``.
     """
     b, h, n = scores.shape
     dev = scores.device
@@ -195,13 +182,26 @@ def window_and_topk(scores: torch.Tensor, budgets: torch.Tensor, lengths: torch.
     n_top = (budget - w[:, None]).clamp(min=0)                # [b, h]
     masked = scores.float().masked_fill(~prefix[:, None, :], float("-inf"))
     k_max = int(n_top.max()) if n_top.numel() else 0
-    top = masked.topk(k_max, dim=-1).indices if k_max else torch.zeros(b, h, 0, dtype=torch.long, device=dev)
+    top = masked.topk(k_max, dim=-1) if k_max else None
+    top_index = top.indices if top is not None else torch.zeros(b, h, 0, dtype=torch.long, device=dev)
     w_max = int(w.max())
-    win = (n - w_max + torch.arange(w_max, device=dev))[None, None, :].expand(b, h, w_max)
-    # Rows with a shorter window: shift their window entries to the row's own window.
+    win = (n - w_max + torch.arange(w_max, device=dev))[None, :].expand(b, w_max)
+    # Rows with a shorter window: their window entries are the last w of the w_max columns.
     win_ok = torch.arange(w_max, device=dev)[None, :] >= (w_max - w)[:, None]   # [b, w_max]
+    if window_first:
+        win_sorted = torch.where(win_ok, win, torch.full_like(win, n + 1)).sort(1).values
+        cand = torch.cat([win_sorted[:, None, :].expand(b, h, w_max), top_index], -1)
+        # Rows whose window is shorter than w_max: shift the scored part left over the gap.
+        gap = (w_max - w)[:, None, None]
+        pos_in = torch.arange(cand.shape[-1], device=dev)[None, None, :]
+        src = torch.where(pos_in < w[:, None, None], pos_in, pos_in + gap).clamp(max=cand.shape[-1] - 1)
+        cand = torch.gather(cand, 2, src.expand_as(cand))
+        index = torch.where(cand > n, torch.zeros_like(cand), cand)
+        top_scores = top.values if top is not None else torch.zeros(b, h, 0, device=dev)
+        return Selection(index=index.reshape(b * h, -1), count=(w[:, None] + n_top).reshape(-1),
+                         scores=top_scores)
     top_ok = torch.arange(k_max, device=dev)[None, None, :] < n_top[:, :, None]
-    cand = torch.cat([top, win], -1)
+    cand = torch.cat([top_index, win[:, None, :].expand(b, h, w_max)], -1)
     ok = torch.cat([top_ok, win_ok[:, None, :].expand(b, h, w_max)], -1)
     key = torch.where(ok, cand, torch.full_like(cand, n + 1))
     key, _ = key.sort(-1)
@@ -276,6 +276,10 @@ class Policy:
     layer_state: ClassVar[type | None] = None
     #: State shared by the layers of one cache (``ctx.shared``): a class built with no arguments, or None.
     cache_state: ClassVar[type | None] = None
+    #: Whether the policy scores the prompt from an observation window (its last ``window`` queries), so that
+    #: setting ``window`` changes what it observes (``headprobe eval``'s question window); policies that keep
+    #: recent tokens (StreamingLLM) or distinct keys (KeyDiff) whatever their ``window`` say False.
+    observes_window: ClassVar[bool] = False
     window: int = 8
 
     def __post_init__(self) -> None:
@@ -330,28 +334,30 @@ class Policy:
 
     def build_store(self, ctx: LayerContext, selection: Selection,
                     log_votes: torch.Tensor | None = None) -> LayerStore:
-        """Gather the selected prompt pairs into a new store for the layer (with the decode room of
-        :meth:`reserve`) and make it the layer's store."""
+        """Allocate the layer's store (the kept pairs plus the decode room of :meth:`reserve`) and gather the
+        selected prompt pairs into it; returns it."""
         capacity = selection.count + self.reserve(ctx, selection.count)
-        store = LayerStore(ctx.batch, ctx.kv_heads, ctx.keys.shape[-1], capacity, ctx.keys.dtype,
-                           ctx.keys.device, votes=self.uses_votes)
+        store = ctx.allocate(capacity, votes=self.uses_votes)
         store.write_selection(ctx.keys, ctx.values, ctx.positions, selection, log_votes)
-        ctx.store = store
-        ctx.budgets_on_host()
         return store
+
+    def rebalance(self, ctx: LayerContext) -> Rebalance | None:
+        """Cache-level hook, run by the cache once the prefill of ``ctx``'s layer is done: changes to the layers
+        prefilled before it (and to this one), which the cache applies. The only way a policy changes other
+        layers than its own (DynamicKV's cross-layer budgets); default: none."""
+        return None
 
     def decode(self, ctx: LayerContext) -> torch.Tensor:
         """Attention output of the new tokens over the ragged cache; appends them first.
 
         Decoding reads nothing from the device: the hooks decide on the store's host mirror
         (:meth:`~headprobe.runtime.store.LayerStore.at_limit`, ``host_lengths``) and
-        :meth:`LayerContext.budgets_on_host`, and write densely. The new tokens follow the prompt, so none
-        of them is padding (``ctx.valid`` is all True) and they are appended without a mask.
+        :attr:`LayerContext.host_budgets`, and write densely. The new tokens follow the prompt, so none of
+        them is padding (``ctx.valid`` is all True) and they are appended without a mask.
         """
         self.before_append(ctx)
         ctx.store.append(ctx.keys, ctx.values, ctx.positions)
-        out = ragged_attention(ctx.query, ctx.store, ctx.positions, ctx.scaling, ctx.sliding_window, ctx.softcap,
-                               max_len=ctx.store.max_length())
+        out = ctx.store.attend(ctx.query, ctx.positions, ctx.scaling, ctx.sliding_window, ctx.softcap)
         self.after_attend(ctx)
         return out
 

@@ -38,6 +38,7 @@ class KeepKV(ScorerPolicy):
     """KeepKV merging on top of SnapKV eviction, with any budget map."""
 
     name: ClassVar[str] = "keepkv"
+    observes_window: ClassVar[bool] = True
     uses_votes: ClassVar[bool] = True
     layer_state: ClassVar[type] = KeepKVState
     window: int = 8
@@ -99,33 +100,35 @@ class KeepKV(ScorerPolicy):
         merged_ctx = replace(ctx, keys=new_k.reshape(b, h, n, d), values=new_v.reshape(b, h, n, d))
         lnp_sel = torch.gather(new_lnp, 1, sel.index)
         store = self.build_store(merged_ctx, sel, lnp_sel)
-        self._init_scores(store, torch.gather(new_l, 1, sel.index), kept_valid)
+        self._init_scores(store, torch.gather(new_l, 1, sel.index))
 
     def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(kept.device)
         limit = torch.minimum(budget, kept + ctx.max_new_tokens)
         return (limit - kept).clamp(min=0) + (limit == kept).long()
 
-    def _init_scores(self, store: LayerStore, logits: torch.Tensor, valid: torch.Tensor) -> None:
-        rows = (store.offsets[:, None] + torch.arange(logits.shape[1], device=logits.device)[None, :])[valid]
+    def _init_scores(self, store: LayerStore, logits: torch.Tensor) -> None:
+        """Per-pair score estimates from the prompt's window logits ``[segments, k]`` of the kept pairs."""
         if self.score_estimator == "ema":
-            store.add_aux("logit")[rows] = logits[valid]
+            store.add_pair_state("logit", logits)
         else:
             # The prefill estimate counts as one observation, in the ring slot overwritten last.
-            store.add_aux("logit_sum")[rows] = logits[valid]
-            store.add_aux("logit_count")[rows] = 1.0
-            store.add_aux("logit_hist", (self.score_window,))[rows, -1] = logits[valid]
+            store.add_pair_state("logit_sum", logits)
+            store.add_pair_state("logit_count", torch.ones_like(logits))
+            hist = torch.zeros((*logits.shape, self.score_window), dtype=logits.dtype, device=logits.device)
+            hist[..., -1] = logits
+            store.add_pair_state("logit_hist", hist)
 
     def _scores(self, store: LayerStore, index: torch.Tensor) -> torch.Tensor:
         if self.score_estimator == "ema":
-            return store.aux["logit"][index]
-        return store.aux["logit_sum"][index] / store.aux["logit_count"][index].clamp(min=1)
+            return store.pair_state("logit", index)
+        return store.pair_state("logit_sum", index) / store.pair_state("logit_count", index).clamp(min=1)
 
     # ---- decoding ----------------------------------------------------------------------------------
 
     def before_append(self, ctx: LayerContext) -> None:
         store = ctx.store
-        full, host_full = store.at_limit(ctx.budgets.reshape(-1).to(store.lengths.device), ctx.budgets_on_host())
+        full, host_full = store.at_limit(ctx.budgets.reshape(-1).to(store.lengths.device), ctx.host_budgets)
         full = full & (store.lengths > 0)
         host_full = host_full & (store.host_lengths > 0)
         if not host_full.any():
@@ -148,14 +151,10 @@ class KeepKV(ScorerPolicy):
         target = torch.where(is_victim & join[:, None], which, slots[None, :])
         part = valid & ~(is_victim & ~join[:, None])
         new_k, new_v, new_lnp, new_l = merge_groups(keys, view["values"], lnp, logits, target, part, self.key_merge)
-        # The merged pair of each joining segment; the others write the spare row.
+        # The merged pair of each joining segment replaces its target.
         best = which[:, 0]
-        rows = torch.where(join, index[seg, best], store.spare)
-        store.keys[rows] = new_k[seg, best]
-        store.values[rows] = new_v[seg, best]
-        store.log_votes[rows] = new_lnp[seg, best]
-        if self.score_estimator == "ema":
-            store.aux["logit"][rows] = new_l[seg, best]
+        state = {"logit": new_l[seg, best]} if self.score_estimator == "ema" else None
+        store.replace_pairs(best, join, new_k[seg, best], new_v[seg, best], new_lnp[seg, best], state)
         store.remove(victim, full, host_full)
 
     def after_attend(self, ctx: LayerContext) -> None:
@@ -168,16 +167,17 @@ class KeepKV(ScorerPolicy):
         q = ctx.query[:, :, -1].float().reshape(s, g, d)
         new = torch.bmm(q, view["keys"].float().transpose(1, 2)).mean(1) * ctx.scaling   # [S, L]
         if self.score_estimator == "ema":
-            old = store.aux["logit"][rows]
+            old = store.pair_state("logit", rows)
             fresh = old == 0
-            store.aux["logit"][rows] = torch.where(fresh, new, self.ema_decay * old + (1 - self.ema_decay) * new)
+            store.set_pair_state("logit", rows, torch.where(fresh, new, self.ema_decay * old + (1 - self.ema_decay) * new))
         else:
             state: KeepKVState = ctx.state
             slot = state.step % self.score_window
             state.step += 1
-            hist = store.aux["logit_hist"]
-            count = store.aux["logit_count"]
-            drop = torch.where(count[rows] >= self.score_window, hist[rows, slot], torch.zeros_like(new))
-            store.aux["logit_sum"][rows] += new - drop
-            count[rows] = (count[rows] + 1).clamp(max=self.score_window)
-            hist[rows, slot] = new
+            hist = store.pair_state("logit_hist", rows)               # [S, L, score_window]
+            count = store.pair_state("logit_count", rows)
+            drop = torch.where(count >= self.score_window, hist[..., slot], torch.zeros_like(new))
+            store.set_pair_state("logit_sum", rows, store.pair_state("logit_sum", rows) + (new - drop))
+            store.set_pair_state("logit_count", rows, (count + 1).clamp(max=self.score_window))
+            hist[..., slot] = new
+            store.set_pair_state("logit_hist", rows, hist)

@@ -17,7 +17,6 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import HeadprobeError
-from ..kernels.dispatch import ragged_attention
 from ..store import LayerStore
 from .base import LayerContext, Policy, check_window
 
@@ -75,26 +74,24 @@ class KeyDiff(Policy):
         budget = ctx.budgets.reshape(-1).to(ctx.keys.device)
         n = ctx.tokens
         bs = self.block_size
-        store = LayerStore(ctx.batch, ctx.kv_heads, ctx.keys.shape[-1], budget + min(bs, n), ctx.keys.dtype,
-                           ctx.keys.device)
+        store = ctx.allocate(budget + min(bs, n))
         outs = []
         for start in range(0, n, bs):
             sl = slice(start, min(start + bs, n))
             store.append(ctx.keys[:, :, sl], ctx.values[:, :, sl], ctx.positions[:, sl], ctx.valid[:, sl])
-            outs.append(ragged_attention(ctx.query[:, :, sl], store, ctx.positions[:, sl], ctx.scaling,
-                                         ctx.sliding_window, ctx.softcap))
+            outs.append(store.attend(ctx.query[:, :, sl], ctx.positions[:, sl], ctx.scaling, ctx.sliding_window,
+                                     ctx.softcap))
             if bool((store.lengths > budget).any()):
                 store.keep_in_place(*self._keep(store, budget))
         # Decode room: grow up to the budget, then evict in place.
         limit = torch.minimum(budget, store.lengths + ctx.max_new_tokens)
         store.relayout((limit - store.lengths).clamp(min=0) + (limit == store.lengths).long())
-        ctx.store = store
         return torch.cat(outs, 2)
 
     def before_append(self, ctx: LayerContext) -> None:
         store = ctx.store
         budget = ctx.budgets.reshape(-1).to(store.lengths.device)
-        full, host_full = store.at_limit(budget, ctx.budgets_on_host())
+        full, host_full = store.at_limit(budget, ctx.host_budgets)
         if host_full.any():
             view = store.padded()
             scores = keydiff_scores(view["keys"], view["valid"], self.anchor)

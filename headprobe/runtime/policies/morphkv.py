@@ -52,6 +52,7 @@ class MorphKV(ScorerPolicy):
     """MorphKV: ``window`` (R) recent tokens + the top ``budget - R`` by fused window attention."""
 
     name: ClassVar[str] = "morphkv"
+    observes_window: ClassVar[bool] = True
     layer_state: ClassVar[type] = MorphKVState
     window: int = 32
     fuse: str = "sum"
@@ -86,7 +87,7 @@ class MorphKV(ScorerPolicy):
         state.query_positions = ctx.positions[:, n - r:].clone()
         state.step = 0
         store = self.build_store(ctx, self.select(ctx))
-        store.extra_bytes = state.queries.numel() * state.queries.element_size()
+        store.set_state_bytes(state.queries.numel() * state.queries.element_size())
 
     def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
         budget = ctx.budgets.reshape(-1).to(kept.device)
@@ -104,7 +105,7 @@ class MorphKV(ScorerPolicy):
         if state.step % self.evict_every and bool((store.host_lengths + n_new <= store.host_capacity).all()):
             return
         # After eviction; the new tokens fill up to the budget. Decided on the host.
-        host_target = np.clip(ctx.budgets_on_host() - n_new, 0, None)
+        host_target = np.clip(ctx.host_budgets - n_new, 0, None)
         if not (store.host_lengths > host_target).any():
             return
         target = (budget - n_new).clamp(min=0)

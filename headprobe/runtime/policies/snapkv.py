@@ -66,6 +66,7 @@ class SnapKV(ScorerPolicy):
     """
 
     name: ClassVar[str] = "snapkv"
+    observes_window: ClassVar[bool] = True
     window: int = 8
     kernel_size: int = 7
     pooling: str = "max"

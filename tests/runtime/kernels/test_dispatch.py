@@ -29,7 +29,7 @@ def _prompt(seed=0, votes=False):
 
 
 def _store(keys, values, positions, sel, votes=False):
-    store = LayerStore(2, 3, 16, sel.count + 2, keys.dtype, keys.device, votes=votes)
+    store = LayerStore().allocate(2, 3, 16, sel.count + 2, keys.dtype, keys.device, votes=votes)
     store.write_selection(keys, values, positions, sel)
     return store
 
@@ -86,7 +86,7 @@ def test_failed_first_compaction_launch_falls_back_and_warns_once(fresh_dispatch
     assert len(caught) == 1 and LAUNCHER_ERROR[:30] in str(caught[0].message)
     assert calls == [1]
     for name in ("keys", "values", "positions", "lengths"):
-        assert torch.equal(getattr(store, name), getattr(ref_store, name)), name
+        assert torch.equal(getattr(store.buffers(), name), getattr(ref_store.buffers(), name)), name
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         again = _store(keys, values, positions, sel)
@@ -134,7 +134,7 @@ def test_interpreter_switched_on_after_triton_import_falls_back_with_the_reason(
     fresh_dispatch.set_backend("triton")
     with pytest.warns(RuntimeWarning, match="set after Triton was imported"):
         store = _store(keys, values, positions, sel)
-    assert torch.equal(store.keys, ref_store.keys)
+    assert torch.equal(store.buffers().keys, ref_store.buffers().keys)
 
 
 def test_forced_triton_without_a_device_warns_once(fresh_dispatch, monkeypatch):
@@ -160,7 +160,7 @@ def test_dispatch_runs_the_kernels_and_matches_torch(kernel_device, fresh_dispat
         out = fresh_dispatch.ragged_attention(query, store, qpos, 0.25)
     assert fresh_dispatch._launched == {"compaction", "ragged decode"}
     for name in ("keys", "values", "positions", "lengths"):
-        assert torch.equal(getattr(store, name), getattr(ref_store, name)), name
+        assert torch.equal(getattr(store.buffers(), name), getattr(ref_store.buffers(), name)), name
     torch.testing.assert_close(out, ref_out, atol=1e-5, rtol=1e-4)
 
 

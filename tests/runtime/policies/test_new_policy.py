@@ -81,3 +81,30 @@ def test_scorer_policy_still_answers(tiny_llama):
     assert squeezed.new_tokens.shape == (2, 16)
     assert squeezed.cache.kept_tokens().unique().tolist() == [12 + 15]      # the budget, then decoding appends
     assert squeezed.cache.memory_bytes() < covering.cache.memory_bytes()
+
+
+@dataclass
+class ObservedLargestKeys(LargestKeys):
+    """The same, declared as scoring from an observation window."""
+
+    name: ClassVar[str] = "observed_largest_keys"
+    observes_window: ClassVar[bool] = True
+
+
+def test_registering_the_class_is_all_it_takes_to_use_it_by_name(tiny_llama, monkeypatch):
+    """One registry entry makes the policy available by name; what eval reports about its window comes from
+    the class (``observes_window``), not from a list of names elsewhere."""
+    from headprobe.eval.presets import describe_window
+    from headprobe.runtime import POLICIES, make_policy
+
+    for cls in (LargestKeys, ObservedLargestKeys):
+        monkeypatch.setitem(POLICIES, cls.name, cls)
+    policy = make_policy("largest_keys", window=6)
+    assert isinstance(policy, LargestKeys) and policy.window == 6
+    res = generate_compressed(tiny_llama, PROMPTS, policy="largest_keys", policy_options={"window": 6}, capacity=12,
+                              max_new_tokens=1)
+    assert res.cache.kept_tokens().unique().tolist() == [12]
+    setting = {"name": "mine", "options": {"window": 6}}
+    assert describe_window({**setting, "policy": "largest_keys"})[1] == "none"
+    assert describe_window({**setting, "policy": "observed_largest_keys"})[1] == "6"
+    assert describe_window({"name": "mine", "policy": "observed_largest_keys", "options": {}})[1] == "4"

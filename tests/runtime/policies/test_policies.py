@@ -158,3 +158,18 @@ def test_snapkv_adaptive_split_keeps_each_layer_total(tiny_llama):
     assert kept.sum(1).tolist() == [40] * kept.shape[0]     # each layer's total is unchanged
     assert int(kept.min()) >= 8 + 3                         # window + the 25 % safeguard
     assert len(kept.unique()) > 1                           # heads really got different budgets
+
+
+def test_keepkv_runs_on_a_float64_model(tiny_llama):
+    """Votes and score estimates are float32 whatever the model's dtype: a float64 model merges and decodes
+    (and, with a budget covering the prompt, answers as the stock cache does)."""
+    tiny_llama.model = tiny_llama.model.double()
+    prompt = ["The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 2]
+    res = generate_compressed(tiny_llama, prompt, policy="keepkv", policy_options={"threshold": -1.0}, capacity=12,
+                              max_new_tokens=6, min_new_tokens=6)
+    assert int(res.cache.kept_tokens().max()) <= 12
+    enc = tiny_llama.tokenizer(prompt, return_tensors="pt")
+    ref = tiny_llama.model.generate(**enc, max_new_tokens=6, do_sample=False,
+                                    pad_token_id=tiny_llama.tokenizer.pad_token_id)
+    covering = generate_compressed(tiny_llama, prompt, policy="keepkv", capacity=1000, max_new_tokens=6)
+    assert torch.equal(covering.sequences, ref)
