@@ -85,6 +85,7 @@ _API: dict[str, dict[str, str]] = {
     # allocation: profiles → per-head budget maps
     "allocation": {
         "ALLOCATORS": "allocation.registry",
+        "check_allocator_options": "allocation.registry",
         "Allocator": "allocation.allocator",
         "CapacityOptions": "allocation.options",
         "allocate": "allocation.api",
@@ -169,7 +170,8 @@ _API: dict[str, dict[str, str]] = {
         "run_ablation_on_ranks": "distributed.ablation_ranks",
     },
     # explain: any budget in tokens and bytes, and what every engine allocates for it
-    "explain": {"explain_budget": "explain.api"},
+    "explain": {"explain_budget": "explain.api", "save_explain_figure": "explain.figure",
+                "format_explanation": "explain.report"},
     # plots of every stage (PNG or SVG)
     "plots": {
         "ablation_bars": "plots.eval_figures",

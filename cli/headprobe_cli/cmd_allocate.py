@@ -91,7 +91,7 @@ def run(args) -> int:
     needs = allocator.needs if allocator is not None else ()
     given = {name: getattr(args, name) for name in option_infos() if hasattr(args, name)}
     if allocator is not None:       # an option the method does not read: refused before any file is read
-        allocator.check_options(given)
+        hp.check_allocator_options(allocator, given)
     profiles = [hp.load_profile(p) for p in args.profile]
     paths = list(args.profile)
     model = None

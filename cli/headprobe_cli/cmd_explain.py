@@ -114,11 +114,11 @@ def run(args) -> int:
         press_options=hp.parse_policy_options(args.press_option, "--press-option") if args.press_option else None)
     if "budget" in outputs and ex.source["kind"] == "budget_map":
         raise hp.HeadprobeError(f"--to budget: {args.inputs[0]} is a budget map already")
-    print(ex.format_table())
+    print(hp.format_explanation(ex))
     if "json" in outputs:
         print(f"wrote {ex.save_json(outputs['json'], args.force)}")
     if "plot" in outputs:
-        print(f"wrote {ex.save_plot(outputs['plot'], args.force)}")
+        print(f"wrote {hp.save_explain_figure(ex, outputs['plot'], args.force)}")
     if "budget" in outputs:
         path = ex.save_budget(outputs["budget"], args.force)
         print(f"wrote {path}; run it with: {ex.generate_command(path)} PROMPT")

@@ -65,25 +65,29 @@ class Allocator:
         """The profile kinds looked up for ``needs`` when no profile is given."""
         return tuple(NEEDS[n][0] for n in self.needs)
 
-    def check_options(self, given: Mapping[str, Any]) -> AllocatorOptions:
+    def check_options(self, given: Mapping[str, Any],
+                      readers: Callable[[str], Sequence[str]] = lambda name: ()) -> AllocatorOptions:
         """The method's options from ``{name: value}``, checked (names, types and values).
+
+        Parameters
+        ----------
+        readers
+            The methods that read an option, by its name (the registry's
+            :func:`~.registry.methods_reading`), named when this method does not read it.
 
         Raises
         ------
         HeadprobeError
-            An option the method does not read (naming the registered methods that read it), or a bad
-            value.
+            An option the method does not read (naming the methods that read it), or a bad value.
         """
-        from .registry import methods_reading
-
         names = self.options.names()
         for name, value in given.items():
             if name not in names:
-                readers = methods_reading(name)
+                readers_of = list(readers(name))
                 own = ", ".join(spelled(n) for n in names) or "none"
-                if readers:
+                if readers_of:
                     raise HeadprobeError(f"{spelled(name, value)}: does not apply to method {self.name} (read by "
-                                         f"{', '.join(readers)}; {self.name}'s options: {own})")
+                                         f"{', '.join(readers_of)}; {self.name}'s options: {own})")
                 raise HeadprobeError(f"{spelled(name, value)}: no such option of method {self.name} (its "
                                      f"options: {own})")
         return self.options(**given)

@@ -15,7 +15,7 @@ from ..models.identity import ModelIdentity
 from ..paths import shipped_profiles_dir, user_profiles_dir
 from ..profile import Profile
 from .options import CapacityOptions
-from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source
+from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source, check_allocator_options
 
 #: The method names, in the order help texts list them (as registered when headprobe was imported).
 METHODS = tuple(ALLOCATORS)
@@ -63,7 +63,7 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
     allocator = ALLOCATORS.get(method)
     if allocator is None:
         raise HeadprobeError(f"unknown allocation method {method!r}; choose one of {', '.join(ALLOCATORS)}")
-    chosen = allocator.check_options({k: v for k, v in options.items() if v is not None})
+    chosen = check_allocator_options(allocator, {k: v for k, v in options.items() if v is not None})
     capacity_options = CapacityOptions(capacity=capacity, ratio=ratio, prompt_len=prompt_len, clamp=clamp,
                                        window=window, sink=sink)
     profiles = list(profiles)

@@ -7,14 +7,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from .allocator import NEEDS, Allocator, Source
 from .combined import ALLOCATOR as COMBINED
 from .dynamickv_offline import ALLOCATOR as DYNAMICKV
 from .headkv import ALLOCATOR as HEADKV
 from .headkv import DEFAULT_BETA
-from .options import OptionInfo
+from .options import AllocatorOptions, OptionInfo
 from .pyramid import ALLOCATOR as PYRAMID
 from .uniform import ALLOCATOR as UNIFORM
 
@@ -36,5 +37,12 @@ def methods_reading(name: str) -> list[str]:
     return [a.name for a in ALLOCATORS.values() if name in a.options.names()]
 
 
-__all__: Sequence[str] = ("ALLOCATORS", "DEFAULT_BETA", "NEEDS", "Allocator", "Source", "methods_reading",
+def check_allocator_options(allocator: Allocator, given: Mapping[str, Any]) -> AllocatorOptions:
+    """``allocator``'s options from ``{name: value}``, checked; an option it does not read is refused naming
+    the registered methods that do (:meth:`~.allocator.Allocator.check_options`)."""
+    return allocator.check_options(given, readers=methods_reading)
+
+
+__all__: Sequence[str] = ("ALLOCATORS", "DEFAULT_BETA", "NEEDS", "Allocator", "Source", "check_allocator_options",
+                          "methods_reading",
                           "option_infos")

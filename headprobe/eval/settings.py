@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..allocation.options import format_option_value, spelled_as_setting_options
-from ..allocation.registry import ALLOCATORS
+from ..allocation.registry import ALLOCATORS, check_allocator_options
 from ..errors import HeadprobeError, param
 from ..probes.registry import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
@@ -261,7 +261,7 @@ def _route(written: str, policy: str, allocation: str | None,
     if allocator is not None:
         try:
             with spelled_as_setting_options():
-                allocator.check_options(to_alloc)
+                check_allocator_options(allocator, to_alloc)
         except HeadprobeError as exc:
             raise HeadprobeError(f"{param('spec', written)}: {exc}") from None
     return to_policy, to_alloc

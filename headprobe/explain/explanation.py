@@ -114,26 +114,12 @@ class Explanation:
         BudgetMap.from_json(self.budget_map.to_json(), path)
         return self.budget_map.save(path)
 
-    def save_plot(self, path: str | Path, force: bool = False) -> Path:
-        """Draw :func:`~headprobe.explain.figure.explain_figure` and save it (PNG, or SVG by suffix)."""
-        from ..plots.profile_figures import save_figure
-        from .figure import explain_figure
-
-        check_overwrite(path, force)
-        return save_figure(explain_figure(self), path, force=force)
-
     def generate_command(self, path: str | Path) -> str:
         """``headprobe generate ...``: the command that runs :attr:`budget_map`, saved at ``path``, in headprobe's
         runtime with the policy it runs with (:attr:`run_with`)."""
         from .engines.headprobe_runtime import generate_command
 
         return "headprobe " + generate_command(str(path), self.run_with["policy"], self.run_with["options"])
-
-    def format_table(self) -> str:
-        """The terminal report (:func:`~headprobe.explain.report.format_report`)."""
-        from .report import format_report
-
-        return format_report(self)
 
 
 __all__ = ("EXPLAIN_FORMAT", "EXPLAIN_VERSION", "Explanation")

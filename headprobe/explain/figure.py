@@ -72,3 +72,12 @@ def explain_figure(ex: Explanation) -> Figure:
 
 
 __all__ = ("explain_figure",)
+
+
+def save_explain_figure(ex: Explanation, path: str | Path, force: bool = False) -> Path:
+    """Draw :func:`explain_figure` and save it (PNG, or SVG by suffix), never replacing a file without ``force``."""
+    from ..files.overwrite import check_overwrite
+    from ..plots.profile_figures import save_figure
+
+    check_overwrite(path, force)
+    return save_figure(explain_figure(ex), path, force=force)

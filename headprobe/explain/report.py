@@ -49,7 +49,7 @@ def engine_lines(ex: Explanation) -> list[str]:
     return lines
 
 
-def format_report(ex: Explanation) -> str:
+def format_explanation(ex: Explanation) -> str:
     """The whole report: model and setting, the budget per layer and KV head, then the engines."""
     m, s = ex.model, ex.setting
     sliding = (f", {m.layer_types.count('sliding_attention')} sliding-window layers (window {m.sliding_window})"
@@ -74,4 +74,4 @@ def format_report(ex: Explanation) -> str:
     return "\n".join(lines)
 
 
-__all__ = ("budget_lines", "engine_lines", "format_report")
+__all__ = ("budget_lines", "engine_lines", "format_explanation")
