@@ -121,7 +121,8 @@ class ProfileRequest:
         (:attr:`~headprobe.probes.pass_steps.PassSteps.reads`: ``lengths`` for layer retention alone,
         ``tasks`` for needle probes alone, ``gate`` without ``retrieval_reasoning``, ...) or that applies in
         another mode (:data:`MODE_PARAMETERS`: ``recompute_share`` outside reuse mode, ``batch_size``
-        outside fast mode).
+        outside fast mode). The command line runs it with the flags typed; :func:`check_request` does not
+        (a program may build requests for several modes or probes from one set of values).
 
         Parameters
         ----------
@@ -174,14 +175,17 @@ def _is_set(request: ProfileRequest, name: str) -> bool:
 
 
 def check_request(request: ProfileRequest) -> dict[str, Any]:
-    """Refuse unknown probes, modes a pass does not run in, a grid of impossible values, parameters that
-    would not take effect (:meth:`ProfileRequest.check_options`), ``resume`` with ``force``, a ``name``
-    that is not a plain file-name stem, and pass options that do not fit, before any file is read. Returns
-    each requested pass's options (:func:`~headprobe.probes.pass_options.build_options`), by pass name."""
+    """Refuse unknown probes, modes a pass does not run in, a grid of impossible values, ``resume`` with
+    ``force``, a ``name`` that is not a plain file-name stem, and pass options that do not fit, before any
+    file is read. Returns each requested pass's options
+    (:func:`~headprobe.probes.pass_options.build_options`), by pass name.
+
+    Parameters that would not take effect are left to :meth:`ProfileRequest.check_options`, which a caller
+    runs with the parameters it set (the command line does, with the flags typed): a program may build
+    requests for several modes or probes from one set of values, which would be refused here."""
     passes = passes_for(request.probes)
     if request.mode not in MODES:
         raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference (exact) or reuse (approximate)")
-    request.check_options()
     if request.resume and request.force:
         raise HeadprobeError(f"{param('resume', True)} with {param('force', True)}: choose one ({param('resume', True)} "
                              f"continues the logs, {param('force', True)} starts them over)")
