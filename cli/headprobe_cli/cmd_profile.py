@@ -129,7 +129,8 @@ def register(sub, formatter) -> None:
                    help="an option of a probe pass that declares its own (repeatable)")
     add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
-    p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
+    p.add_argument("--merge", nargs="+", metavar="LOG",
+                   help="merge shard trial logs into profiles and exit (with --out-dir, --name, --force, --allow-partial)")
     p.add_argument("--allow-partial", action="store_true",
                    help="--merge: write profiles even when trials of the grid are missing from the logs")
     p.set_defaults(func=run)
