@@ -19,7 +19,52 @@ from .common_args import (
 from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
-FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option"}
+FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option",
+         "retention": "--retention-max-tokens"}
+
+#: Flags whose request parameter is named differently: flag destination → ProfileRequest parameter.
+PARAMETERS = {"needles": "needle_ids", "retention_max_tokens": "retention"}
+#: What ``--merge`` reads besides the logs; every other flag is refused with it.
+MERGE_FLAGS = {"merge", "out_dir", "name", "force", "allow_partial"}
+#: Flags that need another: flag destination → (the flag it needs, that flag's destination).
+NEEDS_FLAG = {"stable_k": ("--until-stable", "until_stable"), "stable_jaccard": ("--until-stable", "until_stable"),
+              "allow_partial": ("--merge", "merge")}
+
+
+class _Unset:
+    """A flag's default, told apart from the same value typed (``--batch-size 4``)."""
+
+
+class _UnsetInt(_Unset, int):
+    pass
+
+
+class _UnsetFloat(_Unset, float):
+    pass
+
+
+class _UnsetStr(_Unset, str):
+    pass
+
+
+class _UnsetList(_Unset, list):
+    pass
+
+
+def unset(value):
+    """``value`` as a default that :func:`given` knows was not typed (``--help`` shows it as ``value``)."""
+    kinds = {int: _UnsetInt, float: _UnsetFloat, str: _UnsetStr, list: _UnsetList}
+    return kinds[type(value)](value)
+
+
+def given(args, dest: str) -> bool:
+    """Whether the flag of ``dest`` was typed: a value other than its default (``None``, ``False``, an empty
+    list, an :func:`unset` default or the parser's)."""
+    value = getattr(args, dest, None)
+    if isinstance(value, _Unset) or value is None or value is False or value == []:
+        return False
+    default = args.profile_defaults.get(dest)
+    return isinstance(default, _Unset) or value != default
 
 
 def register(sub, formatter) -> None:
@@ -43,22 +88,22 @@ def register(sub, formatter) -> None:
     p.add_argument("--mode", choices=list(headprobe.MODES), default="fast",
                    help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
                         "reuse: approximate, one haystack forward per length, a share of it recomputed per trial")
-    p.add_argument("--recompute-share", type=float, default=100 * headprobe.DEFAULT_RECOMPUTE_SHARE, metavar="PCT",
+    p.add_argument("--recompute-share", type=float, default=unset(100 * headprobe.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
                    help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
     p.add_argument("--until-stable", action="store_true",
                    help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
                         "when its top-k heads are stable across bootstrap resamples")
-    p.add_argument("--stable-k", type=int, default=20, metavar="K", help="--until-stable: size of the top head set")
-    p.add_argument("--stable-jaccard", type=float, default=0.9, metavar="J",
+    p.add_argument("--stable-k", type=int, default=unset(20), metavar="K", help="--until-stable: size of the top head set")
+    p.add_argument("--stable-jaccard", type=float, default=unset(0.9), metavar="J",
                    help="--until-stable: least mean Jaccard index of the resampled top-k sets")
     p.add_argument("--plot-stability", action="store_true",
                    help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
                         "top-k stability as trials were added")
-    p.add_argument("--grid", choices=list(headprobe.probe_grid.GRIDS), default="auto",
+    p.add_argument("--grid", choices=list(headprobe.probe_grid.GRIDS), default=unset("auto"),
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
     p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
-    p.add_argument("--seeds", nargs="+", type=int, default=[0], help="haystack seeds (document order)")
+    p.add_argument("--seeds", nargs="+", type=int, default=unset([0]), help="haystack seeds (document order)")
     p.add_argument("--needles", nargs="+", metavar="ID", help="only these needle ids")
     p.add_argument("--needle-file", action="append", default=[], metavar="FILE",
                    help="your own needle file (JSONL), repeatable: each needle's kind decides which probe uses "
@@ -66,14 +111,14 @@ def register(sub, formatter) -> None:
     p.add_argument("--haystack", help="text file or folder of .txt files (default: the shipped corpus)")
     p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
     p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
-    p.add_argument("--retention-max-tokens", type=int, default=2048, help="layer-retention prompt length cap")
-    p.add_argument("--gate", choices=["auto", "published", "likelihood"], default="auto",
+    p.add_argument("--retention-max-tokens", type=int, default=unset(2048), help="layer-retention prompt length cap")
+    p.add_argument("--gate", choices=["auto", "published", "likelihood"], default=unset("auto"),
                    help="retrieval-reasoning gate: QA-F1 > 0.5 (published), correct candidate more likely than "
                         "the distractor (likelihood), or auto: likelihood for models under 1B parameters, "
                         "published for larger ones")
-    p.add_argument("--group-reduction", choices=["mean", "max", "sum"], default="mean",
+    p.add_argument("--group-reduction", choices=["mean", "max", "sum"], default=unset("mean"),
                    help="how query-head scores reduce to KV heads")
-    p.add_argument("--batch-size", type=int, default=4, help="trials per forward in fast mode")
+    p.add_argument("--batch-size", type=int, default=unset(4), help="trials per forward in fast mode")
     p.add_argument("--out-dir", default=None,
                    help="where profiles and trial logs go (default: the user's profiles folder, "
                         "$HEADPROBE_DATA/profiles or ~/.local/share/headprobe/profiles, where allocate and eval "
@@ -84,13 +129,16 @@ def register(sub, formatter) -> None:
                    help="an option of a probe pass that declares its own (repeatable)")
     add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
-    p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
+    p.add_argument("--merge", nargs="+", metavar="LOG",
+                   help="merge shard trial logs into profiles and exit (with --out-dir, --name, --force, --allow-partial)")
     p.add_argument("--allow-partial", action="store_true",
                    help="--merge: write profiles even when trials of the grid are missing from the logs")
     p.set_defaults(func=run)
+    p.set_defaults(profile_defaults={a.dest: a.default for a in p._actions})
 
 
 def run(args) -> int:
+    _check_flags(args)
     out_dir = Path(args.out_dir) if args.out_dir else headprobe.user_profiles_dir()
     if args.merge:
         for path in headprobe.merge_profile_logs(args.merge, out_dir, args.name, force=args.force,
@@ -101,21 +149,52 @@ def run(args) -> int:
         return _profile(args, ranks, out_dir)
 
 
+def _check_flags(args) -> None:
+    """Refuse flags that would not take effect, naming the flag and what it needs: anything but
+    ``--out-dir --name --force --allow-partial`` with ``--merge``, a flag without the one it needs
+    (``--stable-k`` without ``--until-stable``), ``--plot-stability`` where no profile with intervals is
+    written. Flags the request reads are checked by the library (``ProfileRequest.check_options``)."""
+    if args.merge:
+        extra = [d for d in args.profile_defaults if d not in MERGE_FLAGS and given(args, d)]
+        if extra:
+            raise headprobe.HeadprobeError(f"{_flag(extra[0])}: does not apply to --merge, which takes the settings "
+                                           "of the logs (it reads --out-dir, --name, --force and --allow-partial)")
+    for dest, (flag, needed) in NEEDS_FLAG.items():
+        if given(args, dest) and not given(args, needed):
+            raise headprobe.HeadprobeError(f"{_flag(dest)}: applies with {flag} only")
+    if args.plot_stability:
+        probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
+        if not headprobe.needle_kinds(probes):
+            raise headprobe.HeadprobeError(f"--plot-stability: draws the bootstrap intervals of head-score profiles; "
+                                           f"none is requested (--probe {' '.join(args.probe)})")
+        if args.shard:
+            raise headprobe.HeadprobeError(f"--plot-stability: a shard (--shard {args.shard}) writes no profile to "
+                                           "draw; pass it to the run that writes the profiles")
+
+
+def _flag(dest: str) -> str:
+    return "--" + dest.replace("_", "-")
+
+
 def _request(args, out_dir: Path):
-    """The request the arguments make (its lengths and depths left to the grid unless given)."""
+    """The request the arguments make (its lengths and depths left to the grid unless given); its
+    parameters that would not take effect are refused (``ProfileRequest.check_options`` with the flags typed)."""
     grids = headprobe.probe_grid
-    until_stable = headprobe.StopRule(k=args.stable_k, jaccard=args.stable_jaccard) if args.until_stable else None
-    return headprobe.ProfileRequest(
+    until_stable = (headprobe.StopRule(k=int(args.stable_k), jaccard=float(args.stable_jaccard))
+                    if args.until_stable else None)
+    request = headprobe.ProfileRequest(
         probes=list(headprobe.PROBES) if "all" in args.probe else args.probe, lengths=args.lengths,
-        depths=grids.parse_depths(args.depths) if args.depths else None, grid=args.grid, out_dir=out_dir,
-        mode=args.mode, seeds=args.seeds, needle_files=[Path(p) for p in args.needle_file],
+        depths=grids.parse_depths(args.depths) if args.depths else None, grid=str(args.grid), out_dir=out_dir,
+        mode=args.mode, seeds=list(args.seeds), needle_files=[Path(p) for p in args.needle_file],
         needle_ids=args.needles, haystack=args.haystack, chat_template=not args.no_chat_template,
-        batch_size=args.batch_size, gate=args.gate, group_reduction=args.group_reduction, tasks=args.tasks,
-        samples_per_task=args.samples_per_task,
-        retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens), resume=args.resume,
+        batch_size=int(args.batch_size), gate=str(args.gate), group_reduction=str(args.group_reduction),
+        tasks=args.tasks, samples_per_task=args.samples_per_task,
+        retention=headprobe.RetentionConfig(max_tokens=int(args.retention_max_tokens)), resume=args.resume,
         force=args.force, shard=grids.parse_shard(args.shard), name=args.name,
-        recompute_share=headprobe.parse_recompute_share(args.recompute_share), until_stable=until_stable,
+        recompute_share=headprobe.parse_recompute_share(float(args.recompute_share)), until_stable=until_stable,
         options=_pass_options(args.pass_option))
+    request.check_options({PARAMETERS.get(d, d) for d in args.profile_defaults if given(args, d)})
+    return request
 
 
 def _pass_options(items: list[str]) -> dict[str, dict[str, str]]:

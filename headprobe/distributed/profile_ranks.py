@@ -3,7 +3,7 @@
 Each rank runs shard ``rank/world_size`` of every pass: the needle trials in whole prefix groups, dealt
 round-robin (:func:`~headprobe.probes.trial_grid.shard_trials`), and every n-th layer-retention sample
 (:func:`~headprobe.probes.trial_grid.shard_samples`). It appends to its own trial log,
-``<stem>.<pass>.shard{i}of{n}.trials.jsonl``. When every rank has finished, rank 0 gathers the logs' trials
+``<stem>.<pass>.shard{i}of{n}.trials.jsonl`` (a rank dealt no trial of a pass writes no log of it). When every rank has finished, rank 0 gathers the logs' trials
 over the process group and writes the profiles a single process would have written from the same grid: the
 scores are means over the same trials (``math.fsum``, so the order does not matter), the settings the same
 but for the shard.
@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import HeadprobeError
 from ..files.trial_log import read_log, settings_diff
+from ..probes.aggregate import check_one_version, check_shard_set
 from ..probes.plan import ProfilePlan, ResolvedProfile, check_profile_run
 from ..probes.request import ProfileRequest
 from ..probes.run import ProfileResult, ProgressFactory, resolve_profile, run_profile, write_log_profiles
@@ -64,9 +65,13 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest | ProfilePlan | Re
         raise HeadprobeError(f"rank {ranks.rank}: the run was checked for shard {plan.request.shard}, not "
                              f"{ranks.shard} (check it with check_profile_run_on_ranks)")
     result = run_profile(loaded, resolved, progress if ranks.is_main else None)
+    parts = []
+    for run in resolved.passes:          # a pass of which this rank was dealt nothing has no log
+        logged = run.plan.log in result.logs
+        settings, trials = read_log(run.plan.log) if logged else (run.settings, [])
+        parts.append({"log": str(run.plan.log) if logged else None, "settings": settings, "trials": trials})
     share = {"logs": [str(p) for p in result.logs], "trials_run": result.trials_run,
-             "trials_skipped": result.trials_skipped,
-             "passes": [{"settings": s, "trials": t} for s, t in (read_log(p) for p in result.logs)]}
+             "trials_skipped": result.trials_skipped, "passes": parts}
     shares = ranks.gather_json(share)
     if shares is None:
         return result
@@ -74,29 +79,40 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest | ProfilePlan | Re
                            trials_run=sum(s["trials_run"] for s in shares),
                            trials_skipped=sum(s["trials_skipped"] for s in shares))
     for index in range(len(shares[0]["passes"])):
-        settings, trials = merge_pass([s["passes"][index] for s in shares], [s["logs"][index] for s in shares])
+        settings, trials = merge_pass([s["passes"][index] for s in shares])
         write_log_profiles(settings, trials, plan.outputs.out_dir, plan.stem, merged)
     return merged
 
 
-def merge_pass(parts: list[dict[str, Any]], logs: list[str]) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """One pass's settings and trials from every rank's log of it.
+def merge_pass(parts: list[dict[str, Any]], logs: list[str] | None = None) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """One pass's settings and trials from every rank's part of it: ``{"settings", "trials"}`` and the
+    rank's log, ``"log"`` (``None`` for a rank that was dealt no trial of the pass and wrote no log), or,
+    for parts without it, ``logs[i]``.
 
-    The settings must agree but for what a resumed run may change (the shard among them); the merged
-    settings say ``shard: null``, as a single process's do. Trials are deduplicated by id and sorted.
+    The logs' settings must agree but for what a resumed run may change (the shard among them), and they
+    must have been written by one headprobe version with one shard each
+    (:func:`~headprobe.probes.aggregate.check_one_version`,
+    :func:`~headprobe.probes.aggregate.check_shard_set`); the merged settings say ``shard: null``, as a
+    single process's do. Trials are deduplicated by id and sorted.
 
     Raises
     ------
     HeadprobeError
-        A rank whose log was made with other settings.
+        A rank whose log was made with other settings or by another version.
     """
-    settings = {**parts[0]["settings"], "shard": None}
+    parts = [{**p, "log": p["log"] if "log" in p else (logs[i] if logs else f"rank {i}")} for i, p in enumerate(parts)]
+    logged = [p for p in parts if p["log"] is not None] or parts[:1]
+    settings = {**logged[0]["settings"], "shard": None}
     merged: dict[str, dict[str, Any]] = {}
-    for part, log in zip(parts, logs):
-        other = part["settings"]
+    seen: list[tuple[str, dict[str, Any]]] = []
+    for part in logged:
+        name, other = str(part["log"]), part["settings"]
         diff = settings_diff(settings, other)
         if diff:
-            raise HeadprobeError(f"{log}: made with other settings than {logs[0]} ({', '.join(diff)})")
+            raise HeadprobeError(f"{name}: made with other settings than {logged[0]['log']} ({', '.join(diff)})")
+        seen.append((name, other))
+        check_shard_set(seen)
+        check_one_version(seen)
         for trial in part["trials"]:
             merged.setdefault(trial["trial"], trial)
     return settings, sorted(merged.values(), key=lambda t: t["trial"])

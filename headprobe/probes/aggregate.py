@@ -8,7 +8,7 @@ of crashing the merge or yielding a profile that allocation refuses later.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,8 +57,7 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
             f"try shorter {param('lengths')}, other {param('needle_ids')}{hint} (see the responses in the trial log)"
         )
     layers, heads = identity.num_layers, identity.num_query_heads
-    mean = [[math.fsum(r["scores"][kind][l][h] for r in passed) / len(passed) for h in range(heads)]
-            for l in range(layers)]
+    mean = [[mean_of([r["scores"][kind][l][h] for r in passed]) for h in range(heads)] for l in range(layers)]
     by_gate: dict[str, int] = {}
     for r in records:
         for name in ("published", "likelihood"):
@@ -67,7 +66,7 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
     probe = {**{k: v for k, v in settings.items() if k not in ("probes",)}, "kind": kind}
     trials = {"total": len(records), "passed": len(passed), "gate": gate, "passed_by_gate": by_gate,
               "per_needle": dict(sorted(per_needle.items())),
-              "mean_seconds": round(math.fsum(r.get("seconds", 0.0) for r in records) / len(records), 3)}
+              "mean_seconds": round(mean_of([r.get("seconds", 0.0) for r in records]), 3)}
     per_trial = np.array([r["scores"][kind] for r in passed], dtype=np.float64)   # [passed, layers, heads]
     if settings.get("until_stable"):
         trials["stopping"] = stopping_block(settings, len(records), per_trial, StopRule.from_json(settings["until_stable"]))
@@ -102,7 +101,7 @@ def retention_profile(kind: str, identity: ModelIdentity, settings: dict[str, An
     retention = {}
     for task, rows in sorted(by_task.items()):
         n = len(rows)
-        mean = [math.fsum(row[l] for row in rows) / n for l in range(identity.num_layers)]
+        mean = [mean_of([row[l] for row in rows]) for l in range(identity.num_layers)]
         std = [math.sqrt(math.fsum((row[l] - mean[l]) ** 2 for row in rows) / n) for l in range(identity.num_layers)]
         retention[task] = LayerRetention(mean=mean, std=std, samples=n)
     keys = ("window", "kernel_size", "capacity", "max_tokens")
@@ -155,29 +154,83 @@ def _steps(settings: dict[str, Any]) -> Any:
     return probe_pass.implementation
 
 
+def mean_of(values: list[float]) -> float:
+    """Mean of finite floats by an exact sum (``math.fsum``, so the order does not matter); for values whose
+    sum is beyond the float range (a trial log's ``seconds``, which nothing bounds), the exact sum of
+    ``v / n`` instead of an ``OverflowError``."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
+def _shown(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def require_field(record: dict[str, Any], key: str, kind: type | tuple, where: str) -> None:
     """``record[key]`` is a ``kind`` (not a boolean)."""
     value = record.get(key)
     if value is None or isinstance(value, bool) or not isinstance(value, kind):
         names = {str: "a string", int: "an integer", dict: "an object", (int, float): "a number"}
-        raise FileFormatError(where, key, f"expected {names.get(kind, 'a value')}, found {value!r}")
+        raise FileFormatError(where, key, f"expected {names.get(kind, 'a value')}, found {_shown(value)}")
 
 
-def require_numbers(value: Any, shape: list[int], where: str, name: str) -> None:
-    """``value`` is a nested list of ``shape`` holding finite numbers >= 0."""
+def is_count(value: Any) -> bool:
+    """A non-negative integer (not a boolean)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def is_number(value: Any, low: float = -math.inf, high: float = math.inf) -> bool:
+    """A finite number (not a boolean) from ``low`` to ``high``."""
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and low <= value <= high)
+
+
+#: A record field's check: (what is expected, in words; whether a value is that).
+FieldRule = tuple[str, Callable[[Any], bool]]
+
+COUNT: FieldRule = ("an integer >= 0", is_count)
+SHARE: FieldRule = ("a number from 0 to 1", lambda v: is_number(v, 0.0, 1.0))
+SECONDS: FieldRule = ("a finite number >= 0", lambda v: is_number(v, 0.0))
+NUMBER: FieldRule = ("a finite number", is_number)
+TEXT: FieldRule = ("a string", lambda v: isinstance(v, str))
+SWITCH: FieldRule = ("true or false", lambda v: isinstance(v, bool))
+OBJECT: FieldRule = ("an object", lambda v: isinstance(v, dict))
+
+
+def check_fields(record: dict[str, Any], rules: dict[str, FieldRule], where: str, prefix: str = "") -> None:
+    """Each field of ``record`` that ``rules`` names and the record holds is what its rule expects.
+
+    Raises
+    ------
+    FileFormatError
+        Naming ``where``, the field (``prefix`` + its key) and what was expected.
+    """
+    for key, (expected, ok) in rules.items():
+        if key in record and not ok(record[key]):
+            raise FileFormatError(where, prefix + key, f"expected {expected}, found {_shown(record[key])}")
+
+
+def require_numbers(value: Any, shape: list[int], where: str, name: str, most: float | None = None) -> None:
+    """``value`` is a nested list of ``shape`` holding finite numbers >= 0 (and at most ``most``, when
+    given: what the probe can produce)."""
     if len(shape) > 1:
         if not isinstance(value, list) or len(value) != shape[0]:
-            found = f"{len(value)} rows" if isinstance(value, list) else repr(value)[:40]
+            found = f"{len(value)} rows" if isinstance(value, list) else _shown(value)
             raise FileFormatError(where, name, f"expected {shape[0]} rows (one per layer), found {found}")
         for i, row in enumerate(value):
-            require_numbers(row, shape[1:], where, f"{name}[{i}]")
+            require_numbers(row, shape[1:], where, f"{name}[{i}]", most)
         return
     if not isinstance(value, list) or len(value) != shape[0]:
-        found = f"{len(value)} values" if isinstance(value, list) else repr(value)[:40]
+        found = f"{len(value)} values" if isinstance(value, list) else _shown(value)
         raise FileFormatError(where, name, f"expected {shape[0]} values, found {found}")
     for j, x in enumerate(value):
         if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
             raise FileFormatError(where, f"{name}[{j}]", f"expected a finite number >= 0, found {x!r}")
+        if most is not None and x > most:
+            raise FileFormatError(where, f"{name}[{j}]", f"expected a number from 0 to {most:g}, found {x!r}")
 
 
 # ---- merging shard logs --------------------------------------------------------------------------
@@ -220,8 +273,10 @@ def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLo
     Raises
     ------
     HeadprobeError
-        No logs, settings that differ, a record outside the grid, or missing trials without
-        ``allow_partial`` (naming the shards that hold them and the first few ids).
+        No logs, settings that differ, a shard given twice (or a log of the whole grid beside others),
+        logs of different splits of the grid or written by different headprobe versions
+        (:func:`check_shard_set`, :func:`check_one_version`), a record outside the grid, or missing trials
+        without ``allow_partial`` (naming the shards that hold them and the first few ids).
     FileFormatError
         A record that is not sound, naming its file, line and field.
     """
@@ -231,11 +286,15 @@ def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLo
     merged: dict[str, dict[str, Any]] = {}
     where_of: dict[str, str] = {}
     shards: list[list[int]] = []
+    given: list[tuple[str, dict[str, Any]]] = []
     for path in paths:
         other, numbered = read_profile_log(path)
         diff = settings_diff(settings, other)
         if diff:
             raise HeadprobeError(f"{path}: made with other settings than {paths[0]} ({', '.join(diff)})")
+        given.append((str(path), other))
+        check_shard_set(given)
+        check_one_version(given)
         if other.get("shard"):
             shards.append(list(other["shard"]))
         located = [(f"{path}:{number}", r) for number, r in numbered]
@@ -251,6 +310,64 @@ def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLo
                              f"{param('resume', True)}) or pass {param('allow_partial', True)} to merge what is there")
     return MergedLogs({**settings, "shard": None}, sorted(merged.values(), key=lambda r: r["trial"]), missing,
                       missing_ids, shards)
+
+
+def _shard_of(name: str, settings: dict[str, Any]) -> tuple[int, int] | None:
+    """A log's ``settings.shard``: ``None`` (the whole grid) or ``[i, n]`` with ``0 <= i < n``."""
+    shard = settings.get("shard")
+    if shard is None:
+        return None
+    if not (isinstance(shard, list) and len(shard) == 2 and all(is_count(x) for x in shard)
+            and shard[0] < shard[1]):
+        raise FileFormatError(name, "settings.shard", f"expected null or [i, n] with 0 <= i < n, found {_shown(shard)}")
+    return shard[0], shard[1]
+
+
+def check_shard_set(logs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Shard logs that can be merged: each a possible shard (``[i, n]``, ``0 <= i < n``), all of one split
+    of the grid (one ``n``), none given twice; a log of the whole grid (``shard: null``) merges alone.
+    ``logs``: ``(name, settings)`` of each log, in the order given; the last one is checked against the
+    others.
+
+    Raises
+    ------
+    FileFormatError
+        An impossible ``settings.shard``, naming the log.
+    HeadprobeError
+        A shard given twice, a log of another split or of the whole grid beside shard logs, naming both logs.
+    """
+    name, settings = logs[-1]
+    shard = _shard_of(name, settings)
+    for other_name, other in logs[:-1]:
+        theirs = _shard_of(other_name, other)
+        if theirs == shard:
+            what = "the whole grid (no shard)" if shard is None else f"shard {shard[0]}/{shard[1]}"
+            raise HeadprobeError(f"{name}: {what} again ({other_name} is {what} too); give each shard's log once")
+        if shard is None or theirs is None:
+            whole, sharded = (name, other_name) if shard is None else (other_name, name)
+            raise HeadprobeError(f"{whole}: a log of the whole grid (no shard) merges alone, not beside the shard "
+                                 f"log {sharded}")
+        if theirs[1] != shard[1]:
+            raise HeadprobeError(f"{name}: shard {shard[0]}/{shard[1]}, but {other_name} is shard "
+                                 f"{theirs[0]}/{theirs[1]}; merge the logs of one split of the grid (one n)")
+
+
+def check_one_version(logs: list[tuple[str, dict[str, Any]]]) -> None:
+    """Logs written by one headprobe version (``settings.headprobe_version``): a profile records one version,
+    and the scores of two versions need not be the same measurement. ``logs`` as for
+    :func:`check_shard_set`.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the two logs and their versions.
+    """
+    name, settings = logs[-1]
+    first_name, first = logs[0]
+    ours, theirs = settings.get("headprobe_version"), first.get("headprobe_version")
+    if ours != theirs:
+        raise HeadprobeError(f"{name}: written by headprobe {ours}, {first_name} by headprobe {theirs}; merge logs "
+                             f"of one version (rerun the other version's shards with {param('force', True)})")
 
 
 def profiles_from_log(settings: dict[str, Any], records: list[dict[str, Any]]) -> list[Profile]:

@@ -18,9 +18,25 @@ from ..haystack.context import build_context
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle, needle_set_record
 from ..models.identity import ModelIdentity
-from .aggregate import gate_name, needle_profile, require_field, require_numbers
+from .aggregate import (
+    COUNT,
+    NUMBER,
+    OBJECT,
+    SECONDS,
+    SHARE,
+    SWITCH,
+    TEXT,
+    FieldRule,
+    check_fields,
+    gate_name,
+    is_count,
+    needle_profile,
+    require_field,
+    require_numbers,
+)
 from .gates import choose_gate
 from .log_settings import portable_file_name, shard_setting
+from .modes import MODES
 from .pass_steps import PassSteps, TrialGap
 from .probe_config import NeedleProbeConfig, NeedleScores
 from .trial_grid import TrialSpec, make_grid, shard_trials
@@ -41,6 +57,11 @@ class NeedleInput:
     files: tuple[Any, ...]
     needles: tuple[Needle, ...]
     haystack: Haystack
+
+
+#: The optional request parameters every needle pass reads (the reasoning pass also reads ``gate``).
+NEEDLE_PARAMETERS = frozenset({"lengths", "depths", "seeds", "grid", "needle_ids", "haystack", "group_reduction",
+                               "batch_size", "split_attention", "recompute_share", "until_stable"})
 
 
 class NeedlePass(PassSteps):
@@ -64,6 +85,7 @@ class NeedlePass(PassSteps):
         self.scores = scores
         self.kinds = scores.names
         self.takes_gate = takes_gate
+        self.reads = NEEDLE_PARAMETERS | ({"gate"} if takes_gate else set())
 
     # ---- before the model loads --------------------------------------------------------------------
 
@@ -156,7 +178,9 @@ class NeedlePass(PassSteps):
     def check_records(self, settings: dict[str, Any], records: list[tuple[str, dict[str, Any]]]) -> None:
         """A record needs its id, needle, length, depth and seed (the id must be the one they make), a boolean
         for the gate its scores are counted under, and for each score kind of the log a
-        ``[layers][query_heads]`` matrix of finite, non-negative numbers."""
+        ``[layers][query_heads]`` matrix of non-negative numbers no larger than the probe can produce
+        (:func:`score_bound`); every other field it holds must be of its type (:data:`RECORD_FIELDS`,
+        :data:`GATE_FIELDS`: ``passed`` a boolean, ``seconds`` a finite number >= 0, ...)."""
         identity = ModelIdentity.from_json(settings["model"], "<trial log>")
         layers, heads = identity.num_layers, identity.num_query_heads
         kinds = self.score_kinds(settings)
@@ -165,6 +189,8 @@ class NeedlePass(PassSteps):
             for key, kind in (("needle", str), ("length", int), ("depth", (int, float)), ("seed", int),
                               ("gates", dict), ("scores", dict)):
                 require_field(r, key, kind, where)
+            check_fields(r, RECORD_FIELDS, where)
+            check_fields(r["gates"], GATE_FIELDS, where, "gates.")
             expected = TrialSpec(r["length"], r["seed"], r["depth"], r["needle"]).id
             if r["trial"] != expected:
                 raise FileFormatError(where, "trial", f"expected {expected!r} (from its needle, length, depth and "
@@ -172,8 +198,9 @@ class NeedlePass(PassSteps):
             for gate in gates:
                 if not isinstance(r["gates"].get(gate), bool):
                     raise FileFormatError(where, f"gates.{gate}", f"expected true or false, found {r['gates'].get(gate)!r}")
+            most = score_bound(r["length"], settings, identity)
             for kind in kinds:
-                require_numbers(r["scores"].get(kind), [layers, heads], where, f"scores.{kind}")
+                require_numbers(r["scores"].get(kind), [layers, heads], where, f"scores.{kind}", most)
 
     def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:
         """The trials of the grid the settings describe (needles × lengths × depths × seeds) no log holds."""
@@ -186,6 +213,40 @@ class NeedlePass(PassSteps):
         missing = [t.id for t in grid if t.id not in found]
         return TrialGap(len(missing), missing, f"{len(missing)} of {len(grid)} trials of the grid are missing"
                         + _missing_shards(grid, missing, shards))
+
+
+#: The fields of a needle trial record besides those every record needs, checked where a record holds them.
+RECORD_FIELDS: dict[str, FieldRule] = {
+    "length": ("a positive integer", lambda v: is_count(v) and v > 0),
+    "depth": SHARE,
+    "mode": (f"one of {', '.join(MODES)}", lambda v: v in MODES),
+    "prompt_tokens": COUNT,
+    "answer_span": ("[start, end] with 0 <= start < end",
+                    lambda v: isinstance(v, list) and len(v) == 2 and all(is_count(x) for x in v) and v[0] < v[1]),
+    "actual_depth": NUMBER,
+    "response": TEXT,
+    "passed": SWITCH,
+    "seconds": SECONDS,
+    "recompute_share": SHARE,
+    "reuse": OBJECT,
+}
+#: The gates a needle trial record may hold.
+GATE_FIELDS: dict[str, FieldRule] = {
+    "rouge1_recall": SHARE, "qa_f1": SHARE, "greedy_is_gold": SWITCH, "likelihood_margin": NUMBER,
+    "likelihood": SWITCH, "published": SWITCH,
+}
+
+
+def score_bound(length: int, settings: dict[str, Any], identity: ModelIdentity) -> int:
+    """The largest head score a trial of ``length`` tokens can hold.
+
+    A score (copy or attention weight, :mod:`headprobe.probes.head_scores`) adds at most ``1/len(span)``
+    per response step, so it is at most the trial's number of response steps: the tokens decoded (at most
+    ``max_new_tokens``) or teacher-forced (a part of the needle, which lies inside the prompt), and fewer
+    than the model's context. A larger value is not a measurement (a hand-edited or corrupt record) and
+    would dominate, or overflow, the mean.
+    """
+    return max(length + int(settings.get("max_new_tokens") or 0), identity.max_context or 0)
 
 
 def _missing_shards(grid: list[TrialSpec], missing: list[str], shards: list[list[int]]) -> str:

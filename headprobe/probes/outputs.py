@@ -39,6 +39,24 @@ class ProfileOutputs:
     profiles: dict[str, Path]
 
 
+def check_name(name: str | None) -> None:
+    """Refuse a file-name stem that is not one plain name: empty, or holding a path separator (``/``,
+    ``\\``) or a NUL, which would put the files outside the output folder or fail to name one.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming ``name``.
+    """
+    if name is None:
+        return
+    if not isinstance(name, str) or not name.strip():
+        raise HeadprobeError(f"{param('name', name)}: expected a file-name stem, found nothing")
+    if any(c in name for c in "/\\\0"):
+        raise HeadprobeError(f"{param('name', name)}: expected a plain file-name stem (no path separator or "
+                             f"NUL character); the files go in {param('out_dir')}")
+
+
 def profile_stem(name: str | None, model_name: str) -> str:
     """File-name stem of a run's logs and profiles: ``name``, else the model's slug."""
     return name or model_slug(model_name)

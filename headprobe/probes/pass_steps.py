@@ -132,6 +132,10 @@ class PassSteps:
         ``headprobe.probes`` (imported when first run) or the function; the modes it runs in.
     options
         A dataclass of its own options (``ProfileRequest.options[name]``, ``--pass-option``), or ``None``.
+    reads
+        The optional request parameters it reads (``{"lengths", "tasks", ...}``): a request that sets one
+        no requested pass reads is refused (:meth:`~headprobe.probes.request.ProfileRequest.check_options`).
+        ``None``: it does not say, and no parameter is refused on its account.
     """
 
     kinds: tuple[str, ...] = ()
@@ -139,6 +143,7 @@ class PassSteps:
     takes_gate: bool = False
     runners: ClassVar[Mapping[str, Any]] = {}
     options: type | None = None
+    reads: frozenset[str] | None = None
 
     @property
     def modes(self) -> tuple[str, ...]:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -14,8 +15,9 @@ from ..haystack.needles import needle_file_list
 from .early_stop import StopRule, check_stop_rule
 from .gates import check_gate
 from .modes import DEFAULT_RECOMPUTE_SHARE, MODES, check_recompute_share
+from .outputs import check_name
 from .pass_options import build_options
-from .registry import passes_for
+from .registry import passes_for, probe_passes
 from .retention import RetentionConfig
 from .trial_grid import GRIDS
 
@@ -114,14 +116,80 @@ class ProfileRequest:
         fix(self, "shard", _tuple(self.shard))
         fix(self, "options", MappingProxyType({k: MappingProxyType(dict(v)) for k, v in dict(self.options).items()}))
 
+    def check_options(self, given: Collection[str] | None = None) -> None:
+        """Refuse parameters that would not take effect: one that no requested probe's pass reads
+        (:attr:`~headprobe.probes.pass_steps.PassSteps.reads`: ``lengths`` for layer retention alone,
+        ``tasks`` for needle probes alone, ``gate`` without ``retrieval_reasoning``, ...) or that applies in
+        another mode (:data:`MODE_PARAMETERS`: ``recompute_share`` outside reuse mode, ``batch_size``
+        outside fast mode). The command line runs it with the flags typed; :func:`check_request` does not
+        (a program may build requests for several modes or probes from one set of values).
+
+        Parameters
+        ----------
+        given
+            The parameters the caller set (the command line passes the flags typed). ``None``: those whose
+            values differ from the defaults (``gate``: ``"likelihood"``, as ``"auto"`` only chooses for
+            the passes that take a gate and ``"published"`` is every other pass's).
+
+        Raises
+        ------
+        HeadprobeError
+            Naming the parameter and what it needs.
+        """
+        passes = passes_for(self.probes)
+        for name in optional_parameters():
+            if not (name in given if given is not None else _is_set(self, name)):
+                continue
+            if not any(p.implementation.reads is None or name in p.implementation.reads for p in passes):
+                kinds = [k for p in probe_passes() if name in (p.implementation.reads or ()) for k in p.kinds]
+                listed = ", ".join(kinds[:-1]) + (" or " if len(kinds) > 1 else "") + kinds[-1]
+                raise HeadprobeError(f"{param(name)}: applies to the {listed} probe"
+                                     f"{'s' if len(kinds) > 1 else ''} only, and none is requested "
+                                     f"({param('probes', ' '.join(self.probes))})")
+            modes = MODE_PARAMETERS.get(name, MODES)
+            if self.mode not in modes:
+                raise HeadprobeError(f"{param(name)}: applies in {param('mode', modes[0])} only, not "
+                                     f"{param('mode', self.mode)}")
+
+
+#: Parameters that take effect in some modes only: parameter → those modes.
+MODE_PARAMETERS: dict[str, tuple[str, ...]] = {
+    "batch_size": ("fast",), "split_attention": ("fast",), "recompute_share": ("reuse",),
+}
+
+
+def optional_parameters() -> list[str]:
+    """The request parameters some registered pass reads and others do not, in the request's order."""
+    read = {name for p in probe_passes() for name in (p.implementation.reads or ())} | set(MODE_PARAMETERS)
+    return [f.name for f in dataclasses.fields(ProfileRequest) if f.name in read]
+
+
+def _is_set(request: ProfileRequest, name: str) -> bool:
+    """Whether ``request`` sets parameter ``name`` to other than its default."""
+    value = getattr(request, name)
+    if name == "gate":
+        return value == "likelihood"
+    spec = next(f for f in dataclasses.fields(ProfileRequest) if f.name == name)
+    default = spec.default_factory() if spec.default is dataclasses.MISSING else spec.default   # type: ignore[misc]
+    return value != (tuple(default) if isinstance(default, list) else default)
+
 
 def check_request(request: ProfileRequest) -> dict[str, Any]:
-    """Refuse unknown probes, modes a pass does not run in, a grid of impossible values, and pass options
-    that do not fit, before any file is read. Returns each requested pass's options
-    (:func:`~headprobe.probes.pass_options.build_options`), by pass name."""
+    """Refuse unknown probes, modes a pass does not run in, a grid of impossible values, ``resume`` with
+    ``force``, a ``name`` that is not a plain file-name stem, and pass options that do not fit, before any
+    file is read. Returns each requested pass's options
+    (:func:`~headprobe.probes.pass_options.build_options`), by pass name.
+
+    Parameters that would not take effect are left to :meth:`ProfileRequest.check_options`, which a caller
+    runs with the parameters it set (the command line does, with the flags typed): a program may build
+    requests for several modes or probes from one set of values, which would be refused here."""
     passes = passes_for(request.probes)
     if request.mode not in MODES:
         raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference (exact) or reuse (approximate)")
+    if request.resume and request.force:
+        raise HeadprobeError(f"{param('resume', True)} with {param('force', True)}: choose one ({param('resume', True)} "
+                             f"continues the logs, {param('force', True)} starts them over)")
+    check_name(request.name)
     for probe_pass in passes:
         modes = probe_pass.implementation.modes
         if request.mode not in modes:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..haystack.tasks import TaskSample
 from ..models.identity import ModelIdentity
-from .aggregate import require_field, require_numbers, retention_profile
+from .aggregate import COUNT, SECONDS, check_fields, require_field, require_numbers, retention_profile
 from .log_settings import shard_setting
 from .modes import MODES
 from .pass_steps import PassSteps, TrialGap
@@ -31,6 +31,7 @@ class RetentionPass(PassSteps):
     """Layer retention over task prompts (one profile kind, :attr:`kind`)."""
 
     runners: ClassVar[Mapping[str, Any]] = dict.fromkeys(MODES, "retention:run_retention_sample")
+    reads = frozenset({"tasks", "samples_per_task", "retention"})
 
     def __init__(self, kind: str) -> None:
         self.kind = kind
@@ -66,11 +67,13 @@ class RetentionPass(PassSteps):
                                   records)]
 
     def check_records(self, settings: dict[str, Any], records: list[tuple[str, dict[str, Any]]]) -> None:
-        """A record needs its task and ``[layers]`` finite, non-negative shares."""
+        """A record needs its task and ``[layers]`` shares, each from 0 to 1 (a layer's share of the top-ranked
+        tokens); ``prompt_tokens`` and ``seconds``, where it holds them, must be counts and finite numbers."""
         layers = ModelIdentity.from_json(settings["model"], "<trial log>").num_layers
         for where, r in records:
             require_field(r, "task", str, where)
-            require_numbers(r.get("retention"), [layers], where, "retention")
+            check_fields(r, {"prompt_tokens": COUNT, "seconds": SECONDS}, where)
+            require_numbers(r.get("retention"), [layers], where, "retention", most=1.0)
 
     def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:
         """How many of the log's samples no log holds (the settings count them but do not name them)."""

@@ -19,7 +19,7 @@ from ..files.jsonio import check_writable_dir
 from ..files.trial_log import TrialLog
 from ..profile import Profile
 from .aggregate import check_trial_records, merge_logs, read_profile_log
-from .outputs import profile_stem, profiles_to_write, write_profiles
+from .outputs import check_name, profile_stem, profiles_to_write, write_profiles
 from .pass_steps import PassRun
 from .plan import ProfilePlan, ResolvedProfile, check_profile_run
 from .request import ProfileRequest
@@ -62,7 +62,8 @@ def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedPro
     then the grid, gate and prompts on the model (:meth:`~headprobe.probes.plan.ProfilePlan.resolve`,
     unless it is already resolved). Each pass has its own trial log; a pass whose trials all fail their
     gate is reported in ``failures`` and the other passes still run. With ``request.shard`` set only the
-    logs are written (merge them with :func:`merge_profile_logs`).
+    logs are written (merge them with :func:`merge_profile_logs`); a shard that holds no trial of a pass
+    writes no log of it (``logs`` leaves it out).
 
     Parameters
     ----------
@@ -74,6 +75,8 @@ def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedPro
     result = ProfileResult([], [], 0, 0)
     for run in resolved.passes:
         log_path = run.plan.log
+        if not run.steps.trials(run) and not log_path.exists():
+            continue        # a shard the grid leaves empty (a torchrun rank beyond its groups) writes no log
         with TrialLog(log_path, run.settings, resume=plan.request.resume, force=plan.request.force) as log:
             if log.where:
                 check_trial_records(log.settings, [(log.where[t], r) for t, r in log.done.items()])
@@ -121,8 +124,10 @@ def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str |
     record is checked (one line naming the file, line and field of a bad one) and each pass's logs must
     hold every trial of the grid their settings describe, unless ``allow_partial``
     (:func:`~headprobe.probes.aggregate.merge_logs`). An existing profile is replaced only with ``force``;
-    nothing is written unless every profile can be.
+    nothing is written unless every profile can be. ``name`` (the profiles' file-name stem, default the
+    model's) must be a plain name (:func:`~headprobe.probes.outputs.check_name`).
     """
+    check_name(name)
     groups: dict[str, list[Path]] = {}
     for path in paths:
         settings, _ = read_profile_log(path)

@@ -110,3 +110,87 @@ def test_ctrl_c_keeps_the_log_and_resume_finishes(tmp_path):
 
 def _untimed(trials: dict) -> dict:
     return {k: v for k, v in trials.items() if k != "mean_seconds"}
+
+
+# ---- flags that would not take effect ------------------------------------------------------------
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Loading the model fails the test: every refusal below comes before it."""
+    from headprobe_cli import cmd_profile
+
+    def load(*args, **kwargs):
+        raise AssertionError("model was loaded")
+    monkeypatch.setattr(cmd_profile, "load_model", load)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ("--mode fast --recompute-share 50", "--recompute-share: applies in --mode reuse only, not --mode fast"),
+    ("--mode reference --recompute-share 10", "--recompute-share: applies in --mode reuse only, not --mode reference"),
+    ("--mode reference --batch-size 4", "--batch-size: applies in --mode fast only, not --mode reference"),
+    ("--mode reuse --batch-size 2", "--batch-size: applies in --mode fast only, not --mode reuse"),
+    ("--stable-k 0", "--stable-k: applies with --until-stable only"),
+    ("--stable-jaccard 0.5", "--stable-jaccard: applies with --until-stable only"),
+    ("--allow-partial", "--allow-partial: applies with --merge only"),
+    ("--resume --force", "--resume with --force: choose one (--resume continues the logs, --force starts them over)"),
+    ("--probe retrieval --gate likelihood",
+     "--gate: applies to the retrieval_reasoning probe only, and none is requested (--probe retrieval)"),
+    ("--probe retrieval enhanced_retrieval --gate auto",
+     "--gate: applies to the retrieval_reasoning probe only, and none is requested (--probe retrieval enhanced_retrieval)"),
+    ("--probe retrieval --tasks code", ("--tasks: applies to the layer_retention probe only, and none is requested "
+                                       "(--probe retrieval)")),
+    ("--probe retrieval --samples-per-task 2", "--samples-per-task: applies to the layer_retention probe only"),
+    ("--probe retrieval --retention-max-tokens 512", "--retention-max-tokens: applies to the layer_retention probe only"),
+    ("--probe layer_retention --lengths 300", ("--lengths: applies to the retrieval, enhanced_retrieval or "
+                                              "retrieval_reasoning probes only, and none is requested "
+                                              "(--probe layer_retention)")),
+    ("--probe layer_retention --depths 50", "--depths: applies to the retrieval"),
+    ("--probe layer_retention --seeds 0", "--seeds: applies to the retrieval"),
+    ("--probe layer_retention --grid full", "--grid: applies to the retrieval"),
+    ("--probe layer_retention --needles r01", "--needles: applies to the retrieval"),
+    ("--probe layer_retention --group-reduction mean", "--group-reduction: applies to the retrieval"),
+    ("--probe layer_retention --until-stable", "--until-stable: applies to the retrieval"),
+    ("--probe layer_retention --batch-size 8", "--batch-size: applies to the retrieval"),
+    ("--probe layer_retention --plot-stability", ("--plot-stability: draws the bootstrap intervals of head-score "
+                                                 "profiles; none is requested (--probe layer_retention)")),
+    ("--plot-stability --shard 0/2", "--plot-stability: a shard (--shard 0/2) writes no profile to draw"),
+    ("--name ../../escape", ("--name ../../escape: expected a plain file-name stem (no path separator or NUL "
+                            "character); the files go in --out-dir")),
+])
+def test_flags_that_would_not_take_effect_are_refused(flags, message, tmp_path, capsys, no_model):
+    out = tmp_path / "out"
+    assert main(["profile", *flags.split(), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"headprobe: error: {message}"), err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("flags", [
+    "--lengths 300", "--mode reuse", "--shard 0/2", "--resume", "--model gemma3-270m", "--batch-size 4",
+    "--probe retrieval", "--device cpu", "--plot-stability", "--needle-file x.jsonl", "--pass-option a.b=c",
+])
+def test_merge_refuses_the_flags_it_does_not_read(flags, tmp_path, capsys, no_model):
+    out = tmp_path / "out"
+    assert main(["profile", "--merge", str(tmp_path / "x.trials.jsonl"), *flags.split(), "--out-dir", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [(f"headprobe: error: {flags.split()[0]}: does not apply to --merge, which takes the settings of "
+                   "the logs (it reads --out-dir, --name, --force and --allow-partial)")]
+
+
+@pytest.mark.parametrize("flags", [
+    "--mode reuse --recompute-share 50", "--until-stable --stable-k 5 --stable-jaccard 0.8",
+    "--probe retrieval_reasoning --gate likelihood", "--probe layer_retention --tasks code --samples-per-task 1",
+    "--mode fast --batch-size 2", "--probe retrieval --lengths 300 --seeds 0 1 --group-reduction max",
+])
+def test_flags_that_apply_go_on_to_load_the_model(flags, tmp_path, no_model):
+    with pytest.raises(AssertionError, match="model was loaded"):
+        main(["profile", *flags.split(), "--out-dir", str(tmp_path / "out")])
+
+
+def test_merge_refuses_a_name_that_leaves_the_folder(tmp_path, capsys):
+    out = tmp_path / "a" / "out"
+    assert main(["profile", "--merge", str(tmp_path / "x.trials.jsonl"), "--name", "../../escape",
+                 "--out-dir", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("headprobe: error: --name ../../escape: expected a plain file-name stem "
+                                               "(no path separator or NUL character); the files go in --out-dir")
+    assert not any(tmp_path.rglob("*.json"))

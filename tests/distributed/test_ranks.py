@@ -81,6 +81,20 @@ def test_merge_pass_unites_the_ranks_trials_as_one_log():
         merge_pass([parts[0], other], ["r0.jsonl", "r1.jsonl"])
 
 
+def test_merge_pass_refuses_ranks_of_other_versions_and_skips_ranks_without_a_log():
+    settings = {"pass": "retrieval", "lengths": [300], "headprobe_version": "1.0"}
+    parts = [{**_part(settings, ["a"], [0, 3]), "log": "r0.jsonl"},
+             {**_part({**settings, "headprobe_version": "1.1"}, ["b"], [1, 3]), "log": "r1.jsonl"}]
+    with pytest.raises(HeadprobeError, match=r"^r1.jsonl: written by headprobe 1.1, r0.jsonl by headprobe 1.0; "):
+        merge_pass(parts)
+    # a rank dealt nothing (no log) takes no part, whatever its settings say
+    idle = {**_part({**settings, "headprobe_version": "1.1"}, [], [2, 3]), "log": None}
+    merged, trials = merge_pass([parts[0], idle])
+    assert merged["headprobe_version"] == "1.0" and [t["trial"] for t in trials] == ["a"]
+    with pytest.raises(HeadprobeError, match=r"^r0b.jsonl: shard 0/3 again \(r0.jsonl is shard 0/3 too\)"):
+        merge_pass([parts[0], {**parts[0], "log": "r0b.jsonl"}])
+
+
 def test_one_process_gathers_its_own_object():
     assert Ranks().gather_json({"a": [1, 2.5, None]}) == [{"a": [1, 2.5, None]}]
 
