@@ -54,6 +54,23 @@ def _prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def check_prompt_fits(lm, prompt: str, args: argparse.Namespace) -> None:
+    """Refuse a prompt that, with the tokens to generate, runs past the model's context (as ``profile``
+    refuses lengths beyond it): the positions past it were never trained and the answer means nothing."""
+    from headprobe.runtime.generate import prepare_inputs
+
+    context = lm.identity.max_context
+    if not context:
+        return
+    _, _, input_ids, _ = prepare_inputs(lm, prompt, lm.tokenizer, None, None, chat=not args.no_chat)
+    tokens = int(input_ids.shape[1])
+    if tokens + args.max_new_tokens > context:
+        source = f"--prompt-file {args.prompt_file}" if args.prompt_file else "the prompt"
+        raise HeadprobeError(
+            f"{source}: {tokens:,} prompt tokens + {args.max_new_tokens:,} new tokens (--max-new-tokens) exceed "
+            f"{lm.identity.name}'s context of {context:,} tokens; shorten the prompt or generate fewer tokens")
+
+
 def _mib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
@@ -68,6 +85,7 @@ def run(args: argparse.Namespace) -> int:
     budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
+    check_prompt_fits(lm, prompt, args)
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
                                         chat=not args.no_chat)

@@ -25,6 +25,7 @@ from ..probes.run import (
     ProfileResult,
     ProgressFactory,
     check_profile_run,
+    replaces_own_profile,
     run_profile,
 )
 from .ranks import Ranks
@@ -84,7 +85,7 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest, ranks: Ranks,
             continue
         for profile in profiles:
             path = out_dir / f"{stem}.{profile.kind}.json"
-            profile.save(path)
+            profile.save(path, force=replaces_own_profile(request, path, Path(shares[0]["logs"][index])))
             merged.profiles.append(path)
     return merged
 

@@ -250,7 +250,7 @@ def run_profile(loaded, request: ProfileRequest, progress: ProgressFactory | Non
                 _needle_pass(loaded, request, plan, log, stem, progress, result)
         result.logs.append(log_path)
         if request.shard is None:
-            _write_profiles(log, outputs, result)
+            _write_profiles(log, outputs, result, request)
     return result
 
 
@@ -485,7 +485,13 @@ def _pass_kinds(pass_name: str, probes: list[str]) -> list[str]:
     return [k for k in kinds if k in probes]
 
 
-def _write_profiles(log: TrialLog, outputs: ProfileOutputs, result: ProfileResult) -> None:
+def replaces_own_profile(request: ProfileRequest, path: Path, log: Path) -> bool:
+    """Whether a run may replace the profile at ``path`` when it writes: with ``force``, or with ``resume``
+    when the trial log ``log`` made it; any other profile there (another run's) is refused as it is written."""
+    return request.force or (request.resume and profile_made_by_log(path, log))
+
+
+def _write_profiles(log: TrialLog, outputs: ProfileOutputs, result: ProfileResult, request: ProfileRequest) -> None:
     """Write the profiles of a finished pass; a pass in which no trial passed goes to ``result.failures``."""
     try:
         profiles = profiles_from_log(log.settings, list(log.records()))
@@ -494,7 +500,7 @@ def _write_profiles(log: TrialLog, outputs: ProfileOutputs, result: ProfileResul
         return
     for profile in profiles:
         path = outputs.profiles[profile.kind]
-        profile.save(path)
+        profile.save(path, force=replaces_own_profile(request, path, log.path))
         result.profiles.append(path)
 
 
@@ -527,7 +533,7 @@ def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str |
     for profile, path, missing in planned:
         if missing:
             profile.trials["missing"] = missing
-        profile.save(path)
+        profile.save(path, force=force)
     return [path for _, path, _ in planned]
 
 
