@@ -327,15 +327,16 @@ def check_hub_access(resolved: ResolvedModel, model: str) -> bool:
     """
     if not resolved.source.startswith("hub:"):
         return False
-    from huggingface_hub import constants, hf_hub_url, try_to_load_from_cache
+    from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.utils import build_hf_headers, get_session
 
-    if constants.HF_HUB_OFFLINE:
+    offline = getattr(constants, "is_offline_mode", None)
+    if offline() if callable(offline) else constants.HF_HUB_OFFLINE:
         return False
     repo = resolved.path
     try:
-        response = get_session().head(hf_hub_url(repo, "config.json"), headers=build_hf_headers(),
-                                      timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        response = get_session().head(f"{constants.ENDPOINT}/{repo}/resolve/main/config.json",
+                                      headers=build_hf_headers(), timeout=constants.HF_HUB_ETAG_TIMEOUT)
         status = response.status_code
         if status < 400:
             return False

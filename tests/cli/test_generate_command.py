@@ -54,3 +54,31 @@ def test_generate_prints_answer_and_cache_line(capsys):
     assert rc == 0
     assert "Paris" in out[0]
     assert out[-1].startswith("cache: ") and "vs full cache" in out[-1]
+
+
+def _prompt_tokens(model_dir, text: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"])
+
+
+def test_generate_refuses_a_prompt_beyond_the_models_context(tiny_dir, tmp_path, capsys):
+    text = "The river ran past the old mill while the rain came down. " * 700
+    tokens = _prompt_tokens(tiny_dir, text)
+    assert tokens > 4096                                     # the tiny model's context
+    prompt = tmp_path / "doc.txt"
+    prompt.write_text(text)
+    argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--no-chat", "--prompt-file", str(prompt)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"headprobe: error: --prompt-file {prompt}: {tokens:,} prompt tokens + 64 new tokens (--max-new-tokens) "
+        "exceed tiny's context of 4,096 tokens; shorten the prompt or generate fewer tokens"]
+
+
+def test_generate_counts_the_new_tokens_against_the_context(tiny_dir, capsys):
+    text = "The river ran past the old mill while the rain came down. " * 10
+    tokens = _prompt_tokens(tiny_dir, text)
+    argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--no-chat", text]
+    assert main([*argv, "--max-new-tokens", str(4096 - tokens + 1)]) == 2
+    assert "the prompt: " in capsys.readouterr().err
+    assert main([*argv, "--max-new-tokens", "4"]) == 0
