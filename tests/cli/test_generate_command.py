@@ -71,8 +71,8 @@ def test_generate_refuses_a_prompt_beyond_the_models_context(tiny_dir, tmp_path,
     argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--no-chat", "--prompt-file", str(prompt)]
     assert main(argv) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        f"headprobe: error: --prompt-file {prompt}: {tokens:,} prompt tokens + 64 new tokens (--max-new-tokens) "
-        "exceed tiny's context of 4,096 tokens; shorten the prompt or generate fewer tokens"]
+        (f"headprobe: error: --prompt-file {prompt}: {tokens:,} prompt tokens + 64 new tokens (--max-new-tokens) "
+         "exceed tiny's context of 4,096 tokens; shorten the prompt or generate fewer tokens")]
 
 
 def test_generate_counts_the_new_tokens_against_the_context(tiny_dir, capsys):
