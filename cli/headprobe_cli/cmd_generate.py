@@ -54,16 +54,22 @@ def _prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def prompt_token_count(lm, prompt: str, chat: bool) -> int:
+    """Tokens of ``prompt`` as ``generate_compressed`` feeds it (in the chat template with ``chat``)."""
+    tokenizer = lm.tokenizer
+    if chat:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                               add_generation_prompt=True)
+    return len(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
+
+
 def check_prompt_fits(lm, prompt: str, args: argparse.Namespace) -> None:
     """Refuse a prompt that, with the tokens to generate, runs past the model's context (as ``profile``
     refuses lengths beyond it): the positions past it were never trained and the answer means nothing."""
-    from headprobe.runtime.generate import prepare_inputs
-
     context = lm.identity.max_context
     if not context:
         return
-    _, _, input_ids, _ = prepare_inputs(lm, prompt, lm.tokenizer, None, None, chat=not args.no_chat)
-    tokens = int(input_ids.shape[1])
+    tokens = prompt_token_count(lm, prompt, chat=not args.no_chat)
     if tokens + args.max_new_tokens > context:
         source = f"--prompt-file {args.prompt_file}" if args.prompt_file else "the prompt"
         raise HeadprobeError(

@@ -15,7 +15,6 @@ import errno
 import os
 import secrets
 import shutil
-import tempfile
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import IO
@@ -32,47 +31,20 @@ def exists_message(path: str | os.PathLike, hint: str = "") -> str:
     return f"{path} exists; pass {param('force', True)} to overwrite it{' ' + hint if hint else ''}"
 
 
-def _blocking_file(path: Path) -> Path | None:
+def blocking_file(path: Path) -> Path | None:
     return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
 
 
 def make_output_dir(path: str | os.PathLike) -> Path:
     """Create the folder ``path`` (and its parents) for outputs, or refuse in one line saying why not."""
     path = Path(path) if str(path) else Path(".")
-    blocking = _blocking_file(path)
+    blocking = blocking_file(path)
     if blocking is not None:
         raise HeadprobeError(f"{path}: cannot create the output folder ({blocking} is a file, not a folder)")
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HeadprobeError(f"{path}: cannot create the output folder ({exc.strerror})") from exc
-    return path
-
-
-def check_writable_dir(path: str | os.PathLike) -> Path:
-    """Check, before any work starts, that files can be written in the folder ``path``.
-
-    A folder that does not exist yet is not created (it is made when its first file is written, so a
-    run that fails before then leaves no empty folder behind): its nearest existing parent must be a
-    folder in which one can be created.
-
-    Raises
-    ------
-    HeadprobeError
-        A part of the path is a file, or the folder (or the parent it would be made in) is not writable.
-    """
-    path = Path(path) if str(path) else Path(".")
-    blocking = _blocking_file(path)
-    if blocking is not None:
-        raise HeadprobeError(f"{path}: output directory is not writable ({blocking} is a file, not a folder)")
-    existing = next(p for p in (path, *path.parents, Path(".")) if p.exists())
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=existing)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        where = path if existing == path else f"{path} (in {existing})"
-        raise HeadprobeError(f"{where}: output directory is not writable ({exc.strerror})") from exc
     return path
 
 
@@ -97,7 +69,7 @@ def create_temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
             except FileExistsError:
                 continue
     except OSError as exc:
-        raise HeadprobeError(f"{parent}: output directory is not writable ({exc.strerror})") from exc
+        raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
 
 
 def remove_quietly(path: Path) -> None:

@@ -12,13 +12,14 @@ import hashlib
 import json
 import math
 import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import FileFormatError, HeadprobeError
 from .atomic import (  # noqa: F401  (re-exported: the writers' historical home)
     atomic_write_text,
-    check_writable_dir,
+    blocking_file,
     create_temp_beside,
     make_output_dir,
     write_file_atomically,
@@ -32,6 +33,33 @@ def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1,
     ``overwrite=False`` refuses a file that exists when it is put in place."""
     text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
     return atomic_write_text(path, text + "\n", overwrite=overwrite, hint=hint)
+
+
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """Check, before any work starts, that files can be written in the folder ``path``.
+
+    A folder that does not exist yet is not created (it is made when its first file is written, so a
+    run that fails before then leaves no empty folder behind): its nearest existing parent must be a
+    folder in which one can be created.
+
+    Raises
+    ------
+    HeadprobeError
+        A part of the path is a file, or the folder (or the parent it would be made in) is not writable.
+    """
+    path = Path(path) if str(path) else Path(".")
+    blocking = blocking_file(path)
+    if blocking is not None:
+        raise HeadprobeError(f"{path}: output directory is not writable ({blocking} is a file, not a folder)")
+    existing = next(p for p in (path, *path.parents, Path(".")) if p.exists())
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=existing)
+        os.close(fd)
+        os.unlink(tmp)
+    except OSError as exc:
+        where = path if existing == path else f"{path} (in {existing})"
+        raise HeadprobeError(f"{where}: output directory is not writable ({exc.strerror})") from exc
+    return path
 
 
 def read_text(path: str | os.PathLike, what: str = "file") -> str:

@@ -82,3 +82,15 @@ def test_generate_counts_the_new_tokens_against_the_context(tiny_dir, capsys):
     assert main([*argv, "--max-new-tokens", str(4096 - tokens + 1)]) == 2
     assert "the prompt: " in capsys.readouterr().err
     assert main([*argv, "--max-new-tokens", "4"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_context_check_counts_the_tokens_generate_feeds_the_model(smollm2, chat):
+    from headprobe_cli.cmd_generate import prompt_token_count
+
+    import headprobe
+
+    prompt = "Where did the river run? " * 20
+    res = headprobe.generate_compressed(smollm2, prompt, capacity=32, max_new_tokens=1, chat=chat)
+    assert prompt_token_count(smollm2, prompt, chat) == int(res.cache.prompt_lengths[0])

@@ -19,13 +19,8 @@ import pytest
 
 from headprobe import HeadprobeError
 from headprobe.files import atomic, log_lock, trial_log
-from headprobe.files.atomic import (
-    atomic_write_text,
-    check_writable_dir,
-    put_in_place,
-    write_folder_atomically,
-)
-from headprobe.files.jsonio import atomic_write_json
+from headprobe.files.atomic import atomic_write_text, put_in_place, write_folder_atomically
+from headprobe.files.jsonio import atomic_write_json, check_writable_dir
 from headprobe.files.log_lock import LogLock, lock_path
 from headprobe.files.trial_log import TrialLog, read_log
 
@@ -153,7 +148,7 @@ def test_a_read_only_folder_is_one_line_without_a_second_error(tmp_path, monkeyp
     ro = tmp_path / "ro"
     ro.mkdir()
     read_only(monkeypatch, ro)
-    with pytest.raises(HeadprobeError, match=r"ro: output directory is not writable \(Read-only file system\)") as err:
+    with pytest.raises(HeadprobeError, match=r"ro/p.json: cannot write \(Read-only file system\)$") as err:
         atomic_write_text(ro / "p.json", "x")
     assert "\n" not in str(err.value)
     with pytest.raises(HeadprobeError, match="not writable"):
@@ -169,7 +164,7 @@ def test_a_figure_into_a_read_only_folder_is_one_line(tmp_path, monkeypatch, cap
     profile = ROOT / "profiles" / "smollm2-135m.retrieval.json"
     assert main(["plot", str(profile), "-o", str(ro / "p.png")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"headprobe: error: {ro}: output directory is not writable (Read-only file system)"]
+    assert err == [f"headprobe: error: {ro / 'p.png'}: cannot write (Read-only file system)"]
 
 
 def test_an_export_folder_that_fails_half_way_leaves_nothing_that_blocks_the_rerun(tmp_path, monkeypatch):
