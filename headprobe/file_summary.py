@@ -173,6 +173,12 @@ def _summarize_run_log(path: Path, settings: dict, runs: list[dict]) -> list[str
 
 
 def _summarize_trial_log(path: Path, settings: dict, trials: list[dict]) -> list[str]:
+    """A profile's trial log, checked as ``profile --resume`` and ``--merge`` check it (header and every
+    record, naming the line and field of a bad one)."""
+    from .probes.aggregate import check_trial_records, read_profile_log
+
+    settings, numbered = read_profile_log(path)
+    check_trial_records(settings, [(f"{path}:{line}", record) for line, record in numbered])
     model = settings.get("model")
     lines = [(f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {_mode(settings)}, "
               f"{len(trials)} trials"), f"model      {model.get('name') if isinstance(model, dict) else model}"]

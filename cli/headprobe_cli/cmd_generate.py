@@ -66,6 +66,9 @@ def prompt_token_count(lm, prompt: str, chat: bool) -> int:
 def check_prompt_fits(lm, prompt: str, args: argparse.Namespace) -> None:
     """Refuse a prompt that, with the tokens to generate, runs past the model's context (as ``profile``
     refuses lengths beyond it): the positions past it were never trained and the answer means nothing."""
+    if not args.no_chat and not getattr(lm.tokenizer, "chat_template", None):
+        raise HeadprobeError(f"--model {args.model}: its tokenizer has no chat template to wrap the prompt in; pass "
+                             "--no-chat to give the prompt as it is")
     context = lm.identity.max_context
     if not context:
         return
@@ -85,6 +88,8 @@ def run(args: argparse.Namespace) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     if args.capacity is not None:
         headprobe.check_count("capacity", args.capacity)
+    if args.ratio is not None and not 0 < args.ratio <= 1:      # before the model loads
+        raise HeadprobeError(f"--ratio {args.ratio}: expected a number in (0, 1]")
     prompt = _prompt(args)
     options = headprobe.parse_policy_options(args.option)
     policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads

@@ -72,6 +72,20 @@ def create_temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
         raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
 
 
+def missing_folders(folder: Path) -> list[Path]:
+    """The folders of ``folder``'s path that do not exist yet, deepest first (what writing there makes)."""
+    return [p for p in (folder, *folder.parents) if not p.exists()]
+
+
+def remove_empty_folders(folders: list[Path]) -> None:
+    """Remove the folders a failed write made, deepest first, as long as they are empty."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
+
+
 def remove_quietly(path: Path) -> None:
     """Remove a temporary file or folder; a failure (a read-only folder, say) is not reported."""
     try:
@@ -133,7 +147,12 @@ def write_file_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], 
         left on device)``. No temporary is left behind.
     """
     path = Path(path)
-    fd, tmp = create_temp_beside(path)
+    made = missing_folders(path.parent)
+    try:
+        fd, tmp = create_temp_beside(path)
+    except HeadprobeError:
+        remove_empty_folders(made)
+        raise
     try:
         with os.fdopen(fd, "wb") as handle:
             write(handle)
@@ -142,6 +161,7 @@ def write_file_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], 
         put_in_place(tmp, path, overwrite, hint)
     except BaseException as exc:
         remove_quietly(tmp)
+        remove_empty_folders(made)
         if isinstance(exc, OSError):
             raise HeadprobeError(f"{path}: cannot write ({exc.strerror or exc})") from exc
         raise
@@ -186,6 +206,7 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
         if not overwrite:
             raise HeadprobeError(exists_message(folder, hint))
         raise HeadprobeError(f"{folder}: is a file; expected a folder to write into")
+    made = missing_folders(folder.parent)
     parent = make_output_dir(folder.parent)
     tmp = parent / f".{folder.name}.{secrets.token_hex(4)}.tmp"
     try:
@@ -205,6 +226,7 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
             raise
     except BaseException as exc:
         remove_quietly(tmp)
+        remove_empty_folders(made)
         if isinstance(exc, OSError):
             raise HeadprobeError(f"{folder}: cannot write ({exc.strerror or exc})") from exc
         raise

@@ -11,6 +11,7 @@ made for the lock are removed with it when nothing else was written in them.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import warnings
@@ -87,8 +88,15 @@ class LogLock:
                 why = "no longer holds it (it ended without releasing the lock)"
             warnings.warn(f"{self.log}: taking over the lock {self.path} left by process {previous}, which {why}",
                           RuntimeWarning, stacklevel=4)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:                 # a full disk: not even the process id fits
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            os.close(fd)
+            self._remove_made_folders()
+            raise HeadprobeError(f"{self.log}: cannot write its lock file {self.path} ({exc.strerror})") from None
         self._fd = fd
 
     def _make_folders(self) -> list[Path]:

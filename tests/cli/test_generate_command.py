@@ -94,3 +94,21 @@ def test_the_context_check_counts_the_tokens_generate_feeds_the_model(smollm2, c
     prompt = "Where did the river run? " * 20
     res = headprobe.generate_compressed(smollm2, prompt, capacity=32, max_new_tokens=1, chat=chat)
     assert prompt_token_count(smollm2, prompt, chat) == int(res.cache.prompt_lengths[0])
+
+
+def test_generate_refuses_a_ratio_out_of_range_before_the_model_loads(monkeypatch, capsys):
+    import headprobe
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(headprobe, "load_model", load_model)
+    assert main(["generate", "--ratio", "2", "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["headprobe: error: --ratio 2.0: expected a number in (0, 1]"]
+
+
+def test_generate_refuses_a_chat_prompt_for_a_tokenizer_without_a_chat_template(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--device", "cpu", "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        (f"headprobe: error: --model {tiny_dir}: its tokenizer has no chat template to wrap the prompt in; pass "
+         "--no-chat to give the prompt as it is")]

@@ -63,3 +63,25 @@ def test_a_profile_trial_log_is_still_a_trial_log(tmp_path, capsys, pass_name):
         pass
     assert main(["inspect", str(path)]) == 0
     assert f"headprobe trial log v1, pass {pass_name}, mode fast, 0 trials" in capsys.readouterr().out
+
+
+def test_inspect_checks_every_record_of_a_trial_log_as_a_merge_does(tmp_path, capsys):
+    import conftest
+    from test_output_files import needle_settings, record
+
+    from headprobe.probes.trial_grid import make_grid
+
+    identity = conftest.make_tiny_llama().identity
+    path = tmp_path / "t.trials.jsonl"
+    with TrialLog(path, needle_settings(identity)) as log:
+        for spec in make_grid(["r01"], [300], [0.0, 1.0], [0]):
+            log.append(record(spec))
+    assert main(["inspect", str(path)]) == 0
+    capsys.readouterr()
+    lines = path.read_text().splitlines()
+    bad = json.loads(lines[2])
+    bad["scores"]["retrieval"][1][2] = -0.5
+    path.write_text("\n".join([*lines[:2], json.dumps(bad)]) + "\n")
+    assert main(["inspect", str(path)]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        f"headprobe: error: {path}:3: field 'scores.retrieval[1][2]': expected a finite number >= 0, found -0.5"]

@@ -319,3 +319,27 @@ def test_checking_an_output_folder_does_not_create_it(tmp_path):
 
 def test_a_process_id_is_alive_only_while_its_process_runs():
     assert log_lock._alive(os.getpid()) and not log_lock._alive(0) and not log_lock._alive(-3)
+
+
+def test_a_lock_on_a_full_disk_is_one_line_and_leaves_nothing(tmp_path, monkeypatch):
+    def pwrite(fd, data, offset):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(log_lock.os, "pwrite", pwrite)
+    log = tmp_path / "new" / "e.cells.jsonl"
+    with pytest.raises(HeadprobeError, match=r"e.cells.jsonl: cannot write its lock file .*e.cells.jsonl.lock \(No "
+                                             r"space left on device\)$"):
+        LogLock(log)
+    assert not (tmp_path / "new").exists()
+
+
+def test_a_failed_write_removes_the_folders_it_made(tmp_path, monkeypatch):
+    def fsync(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    with pytest.raises(HeadprobeError, match="No space left on device"):
+        atomic_write_text(tmp_path / "a" / "b" / "p.json", "x")
+    with pytest.raises(HeadprobeError, match="No space left on device"):
+        write_folder_atomically(tmp_path / "c" / "duo", {"f.tsv": "x"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
