@@ -1207,9 +1207,11 @@ def _full_profile(work: Work) -> tuple[str, str]:
     """The disk fills while the trial log grows: one line, no torn line; once there is room, --resume
     gives the profile of an uninterrupted run."""
     ref = reference_profile(work)
-    folder, fsize = _full(work, "full-profile", "96k")
+    folder, fsize = _full(work, "full-profile", "256k")
+    if fsize is None:
+        _fill(folder, 28_000)                            # room for the header and a trial or two
     argv = ["profile", "--model", SMOL, "--device", "cpu", *REFERENCE_GRID, "--out-dir", folder]
-    res = sub(*argv, fsize=None if fsize is None else 48_000)
+    res = sub(*argv, fsize=None if fsize is None else 28_000)
     log = folder / "smollm2-135m.retrieval.trials.jsonl"
     if res.crashed:
         return TRACEBACK, res.err.strip().splitlines()[-1][:200]
