@@ -184,10 +184,11 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
                             hint: str = "") -> Path:
     """Write the files ``{name: content}`` as the folder ``folder``, whole.
 
-    A new folder (or an empty one) is written as a temporary folder beside it and renamed into place, so a
-    failed write (a full disk) leaves no folder, or the empty one as it was, and nothing that blocks
-    the rerun. An existing non-empty folder is refused without ``overwrite``; with it, each file is
-    replaced whole and the folder's other files stay.
+    A new folder is written as a temporary folder beside it and renamed into place, so a failed write (a
+    full disk) leaves no folder, and nothing that blocks the rerun. Into an existing empty folder the
+    files go one by one, each whole, and a failure takes out those already written. An existing
+    non-empty folder is refused without ``overwrite``; with it, each file is replaced whole and the
+    folder's other files stay.
 
     Raises
     ------
@@ -196,11 +197,22 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
     """
     folder = Path(folder)
     data = {name: content.encode("utf-8") if isinstance(content, str) else content for name, content in files.items()}
-    if folder.is_dir() and any(folder.iterdir()):
-        if not overwrite:
+    if folder.is_dir():
+        if any(folder.iterdir()) and not overwrite:
             raise HeadprobeError(exists_message(folder, hint))
-        for name, content in data.items():
-            write_file_atomically(folder / name, lambda handle, c=content: handle.write(c), True)
+        # the user's own folder (it may be a mount point): the files go in one by one, and a new folder's
+        # files are taken out again when one of them fails
+        empty = not any(folder.iterdir())
+        written: list[Path] = []
+        try:
+            for name, content in data.items():
+                written.append(write_file_atomically(folder / name, lambda handle, c=content: handle.write(c),
+                                                     overwrite, hint))
+        except BaseException:
+            if empty:
+                for path in written:
+                    remove_quietly(path)
+            raise
         return folder
     if folder.exists() and not folder.is_dir():
         if not overwrite:

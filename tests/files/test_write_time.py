@@ -343,3 +343,24 @@ def test_a_failed_write_removes_the_folders_it_made(tmp_path, monkeypatch):
     with pytest.raises(HeadprobeError, match="No space left on device"):
         write_folder_atomically(tmp_path / "c" / "duo", {"f.tsv": "x"})
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_export_into_an_empty_folder_that_fails_leaves_it_empty(tmp_path, monkeypatch):
+    folder = tmp_path / "duo"
+    folder.mkdir()
+    calls = {"n": 0}
+    real = atomic.os.fsync
+
+    def fsync(fd):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return real(fd)
+
+    monkeypatch.setattr(atomic.os, "fsync", fsync)
+    with pytest.raises(HeadprobeError, match=r"No space left on device"):
+        write_folder_atomically(folder, {"a.tsv": "1\n", "config.json": "{}\n"})
+    assert folder.is_dir() and list(folder.iterdir()) == []
+    monkeypatch.setattr(atomic.os, "fsync", real)
+    write_folder_atomically(folder, {"a.tsv": "1\n", "config.json": "{}\n"})
+    assert sorted(p.name for p in folder.iterdir()) == ["a.tsv", "config.json"]
