@@ -186,6 +186,7 @@ def judge(res: Result, want: str, check: Callable[[], str | None] | None = None,
 class Work:
     root: Path
     fast: bool
+    no_mounts: bool = False
     made: dict[str, Any] = field(default_factory=dict)
     mounts: list[Path] = field(default_factory=list)
     _count: Counter = field(default_factory=Counter)
@@ -1134,6 +1135,8 @@ def _race_profile_and_merge(work: Work) -> tuple[str, str]:
 
 def _mount(work: Work, name: str, size: str, read_only: bool = False) -> Path | None:
     """A tmpfs of ``size`` at a new folder (``None`` when this process may not mount one)."""
+    if work.no_mounts:
+        return None
     target = work.root / "mounts" / name
     target.mkdir(parents=True, exist_ok=True)
     opts = f"size={size},mode=0777"
@@ -1207,11 +1210,13 @@ def _full_profile(work: Work) -> tuple[str, str]:
     """The disk fills while the trial log grows: one line, no torn line; once there is room, --resume
     gives the profile of an uninterrupted run."""
     ref = reference_profile(work)
+    lines = [len(x) + 1 for x in (ref.parent / "smollm2-135m.retrieval.trials.jsonl").read_text().splitlines()]
+    room = sum(lines[:3]) + lines[3] // 2                # the header and two trials fit, the third does not
     folder, fsize = _full(work, "full-profile", "256k")
     if fsize is None:
-        _fill(folder, 28_000)                            # room for the header and a trial or two
+        _fill(folder, room)
     argv = ["profile", "--model", SMOL, "--device", "cpu", *REFERENCE_GRID, "--out-dir", folder]
-    res = sub(*argv, fsize=None if fsize is None else 28_000)
+    res = sub(*argv, fsize=None if fsize is None else room)
     log = folder / "smollm2-135m.retrieval.trials.jsonl"
     if res.crashed:
         return TRACEBACK, res.err.strip().splitlines()[-1][:200]
@@ -1543,6 +1548,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fast", action="store_true", help="leave out the cases that run SmolLM2")
     parser.add_argument("--list", action="store_true", help="list the cases and stop")
     parser.add_argument("--verbose", action="store_true", help="print every case, not only the failures")
+    parser.add_argument("--no-mounts", action="store_true",
+                        help="mount no tmpfs: a file-size limit stands for the full disk, mode 0555 for a read-only "
+                             "folder (which does not stop root)")
     args = parser.parse_args(argv)
     chosen = [c for c in CASES if (not args.only or any(fnmatch.fnmatch(c.name, p) for p in args.only))
               and not any(fnmatch.fnmatch(c.name, p) for p in args.skip) and not (args.fast and c.slow)]
@@ -1553,7 +1561,7 @@ def main(argv: list[str] | None = None) -> int:
     root = args.work or Path(tempfile.mkdtemp(prefix="headprobe-adversarial."))
     root.mkdir(parents=True, exist_ok=True)
     os.environ["HEADPROBE_DATA"] = str(root / "data")
-    work = Work(root, args.fast)
+    work = Work(root, args.fast, args.no_mounts)
     counts: Counter = Counter()
     began = time.monotonic()
     try:
