@@ -1014,15 +1014,13 @@ def _race(work: Work, name: str, first: list[Any], second: list[Any], target: Pa
     if len(winners) == 2:
         return LOST, "both runs exit 0 and report writing the same output: one result was replaced"
     if not winners:
-        return WRONGLY_BOTH, f"both refused: {ra.errors[:1]} {rb.errors[:1]}"
+        return REFUSED, f"both refused: {ra.errors[:1]} {rb.errors[:1]}"
     loser = rb if winners[0] is ra else ra
     if len(loser.errors) != 1 or loser.rc != 2:
         return MESSY, f"the second writer: exit {loser.rc}, {loser.err.strip()[-200:]}"
     problem = expected(target, winners[0] is ra)
     return (LOST, problem) if problem else (CLEAN, loser.errors[0])
 
-
-WRONGLY_BOTH = REFUSED
 
 
 @case("race/two-merges-one-folder")
@@ -1492,8 +1490,8 @@ def _truncated_profile(work: Work) -> tuple[str, str]:
     folder = shutil.copytree(work.tiny(), d / "m")
     weights = Path(folder) / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:1000])
-    return judge(cli(*_tiny_profile_argv(work, d / "new" / "out")[:0], "profile", "--model", folder, "--lengths", 300,
-                     "--out-dir", d / "new" / "out"), "refuse", absent=[d / "new"])
+    return judge(cli("profile", "--model", folder, "--lengths", 300, "--out-dir", d / "new" / "out"), "refuse",
+                 absent=[d / "new"])
 
 
 @case("models/config-only-folder")
