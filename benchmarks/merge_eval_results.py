@@ -71,7 +71,7 @@ def main() -> None:
     out = Path(args.out)
     check_overwrite(out, args.force)
     merged = merge([EvalResult.load(p) for p in args.parts])
-    merged.save(out)
+    merged.save(out, force=args.force)
     print(f"wrote {out}: {len(merged.cells)} cells from {len(args.parts)} parts")
 
 

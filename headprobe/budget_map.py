@@ -78,14 +78,17 @@ class BudgetMap:
             "created": self.created,
         }
 
-    def save(self, path: str | Path) -> Path:
+    def save(self, path: str | Path, force: bool = False) -> Path:
         """Write the map, once :meth:`from_json` (the reader every command uses) accepts it.
+
+        An existing file is replaced only with ``force``, checked as the file is put in place, so a map
+        another run wrote meanwhile is never replaced (:mod:`headprobe.files.atomic`).
 
         Raises
         ------
         HeadprobeError
-            A map its own reader would refuse (negative budgets, shares that do not sum to 1, ...):
-            nothing is written.
+            A map its own reader would refuse (negative budgets, shares that do not sum to 1, ...), or an
+            existing file without ``force``: nothing is written.
         """
         obj = self.to_json()
         try:
@@ -95,7 +98,7 @@ class BudgetMap:
                                  f"{exc.expected}") from None
         except ValueError as exc:     # NaN or infinity
             raise HeadprobeError(f"{path}: not written, its reader would refuse it ({exc})") from None
-        return atomic_write_json(path, obj)
+        return atomic_write_json(path, obj, overwrite=force)
 
     @classmethod
     def from_json(cls, obj: dict, path: object = "<budget>") -> BudgetMap:

@@ -29,7 +29,7 @@ def load_file(path: str | Path) -> Profile | BudgetMap:
 
 
 def summarize_file(path: str | Path, top: int = 10) -> list[str]:
-    """Validate ``path`` (profile, budget map or trial log) and return summary lines.
+    """Validate ``path`` (profile, budget map, or a trial, cell or run log) and return summary lines.
 
     Raises
     ------
@@ -134,7 +134,51 @@ def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
 
 
 def _summarize_log(path: Path) -> list[str]:
+    """A profile's trial log, an eval's cell log or an ablation's run log (all three share the format
+    ``headprobe.trials``), told apart by their settings; anything else is refused."""
     settings, trials = read_log(path)
+    if "pass" in settings:
+        return _summarize_trial_log(path, settings, trials)
+    if isinstance(settings.get("task"), dict) and isinstance(settings.get("settings"), list):
+        return _summarize_cell_log(path, settings, trials)
+    if "profile" in settings and isinstance(settings.get("ks"), list):
+        return _summarize_run_log(path, settings, trials)
+    raise FileFormatError(path, "settings", "expected the header of a profile's trial log (with 'pass'), an eval's "
+                          "cell log (with 'task' and 'settings') or an ablation's run log (with 'profile' and 'ks')")
+
+
+def _summarize_cell_log(path: Path, settings: dict, cells: list[dict]) -> list[str]:
+    task = settings["task"]
+    labels = [s.get("label") if isinstance(s, dict) else None for s in settings["settings"]]
+    lengths, depths = settings.get("lengths"), settings.get("depths")
+    grid = len(lengths) * len(depths) if isinstance(lengths, list) and isinstance(depths, list) and depths else None
+    total = f" of {grid * len(labels)}" if grid else ""
+    lines = [(f"{path}: headprobe eval cell log v1, task {task.get('kind')}, {len(labels)} settings, "
+              f"{len(cells)}{total} cells finished"),
+             f"model      fingerprint {settings.get('model')}; headprobe {settings.get('headprobe_version')}"]
+    for label in labels:
+        mine = [c for c in cells if c.get("setting") == label]
+        accuracy = [c["accuracy"] for c in mine if isinstance(c.get("accuracy"), (int, float))]
+        mean = f"mean accuracy {sum(accuracy) / len(accuracy):.3f}" if accuracy else "no cell finished"
+        lines.append(f"  setting {label}: {len(mine)} cells; {mean}")
+    return lines
+
+
+def _summarize_run_log(path: Path, settings: dict, runs: list[dict]) -> list[str]:
+    ks = settings["ks"]
+    return [(f"{path}: headprobe ablation run log v1, heads masked {ks}, {len(runs)} of {1 + 2 * len(ks)} runs "
+             "finished (baseline, top-k and random-k)"),
+            f"model      fingerprint {settings.get('model')}; profile fingerprint {settings.get('profile')}",
+            "runs       " + (", ".join(r["trial"] for r in runs) or "none")]
+
+
+def _summarize_trial_log(path: Path, settings: dict, trials: list[dict]) -> list[str]:
+    """A profile's trial log, checked as ``profile --resume`` and ``--merge`` check it (header and every
+    record, naming the line and field of a bad one)."""
+    from .probes.aggregate import check_trial_records, read_profile_log
+
+    settings, numbered = read_profile_log(path)
+    check_trial_records(settings, [(f"{path}:{line}", record) for line, record in numbered])
     model = settings.get("model")
     lines = [(f"{path}: headprobe trial log v1, pass {settings.get('pass')}, mode {_mode(settings)}, "
               f"{len(trials)} trials"), f"model      {model.get('name') if isinstance(model, dict) else model}"]

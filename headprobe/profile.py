@@ -134,9 +134,18 @@ class Profile:
             }
         return out
 
-    def save(self, path: str | Path) -> Path:
-        """Write the profile atomically."""
-        return atomic_write_json(path, self.to_json())
+    def save(self, path: str | Path, force: bool = False) -> Path:
+        """Write the profile whole; an existing file is replaced only with ``force``.
+
+        The check is the write itself (:func:`~headprobe.files.atomic.put_in_place`): of two runs writing
+        the same profile, the second is refused even when both started before either wrote.
+
+        Raises
+        ------
+        HeadprobeError
+            ``path`` exists (without ``force``), or cannot be written.
+        """
+        return atomic_write_json(path, self.to_json(), overwrite=force)
 
     @classmethod
     def from_json(cls, obj: dict, path: object = "<profile>") -> Profile:

@@ -69,3 +69,17 @@ def test_a_map_its_reader_would_refuse_is_not_written(tmp_path):
     with pytest.raises(HeadprobeError, match="field 'shares': expected non-negative values summing to 1"):
         skewed.save(tmp_path / "out.json")
     assert not (tmp_path / "out.json").exists()
+
+
+def test_saving_never_replaces_a_map_another_run_wrote_meanwhile(tmp_path):
+    """``allocate`` checks its output before it works; a map that appears at that name in between (a second
+    ``allocate`` to the same file) is refused as the file is put in place, and stays; ``force`` replaces it."""
+    from headprobe import HeadprobeError
+
+    bm = BudgetMap.load(_file(tmp_path))
+    out = tmp_path / "out.json"
+    out.write_text("written by another run", encoding="utf-8")
+    with pytest.raises(HeadprobeError, match="exists"):
+        bm.save(out)
+    assert out.read_text(encoding="utf-8") == "written by another run"
+    assert BudgetMap.load(bm.save(out, force=True)).total == 64

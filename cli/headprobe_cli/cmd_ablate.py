@@ -60,6 +60,8 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         else out.with_suffix(".png")
     if ranks.is_main:   # the merged outputs are rank 0's to write; every rank checks its own log below
         headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
+    # what is there now this run may replace (the check allowed it); what another run writes meanwhile is refused
+    replaceable = {f for f in (out, plot) if f is not None and (args.force or f.exists())}
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
@@ -82,9 +84,9 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     result["needles"] = path
     if plot is not None:      # listed, so that a resumed run may rewrite it
         result["figures"] = [Path(os.path.relpath(plot.resolve(), out.parent.resolve())).as_posix()]
-    headprobe.atomic_write_json(out, result)
+    headprobe.atomic_write_json(out, result, overwrite=out in replaceable)
     print(headprobe.format_ablation(result))
     print(f"wrote {out}")
     if plot is not None:      # replacing it was settled by check_ablation_outputs
-        print(f"wrote {headprobe.save_figure(headprobe.ablation_bars(result), plot, force=True)}")
+        print(f"wrote {headprobe.save_figure(headprobe.ablation_bars(result), plot, force=plot in replaceable)}")
     return 0

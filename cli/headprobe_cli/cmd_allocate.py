@@ -113,7 +113,7 @@ def run(args) -> int:
     bm = hp.allocate(args.method, profiles, model, source_paths=paths, **capacity, **given)
     out = args.output if args.output is not None else default_output(bm)
     hp.check_overwrite(out, args.force)
-    bm.save(out)
+    bm.save(out, force=args.force)
     print(hp.summarize(bm))
     print(f"wrote {out}")
     return 0

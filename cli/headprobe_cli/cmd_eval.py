@@ -111,6 +111,9 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     figures = [f for f in (plot, memory_plot) if f is not None]
     if ranks.is_main:   # before the model loads; the merged outputs are rank 0's, each rank checks its own log below
         headprobe.check_eval_outputs(out, figures, resume=args.resume, force=args.force)
+    # the figures there now are the ones this run may replace (check_eval_outputs allowed them); one that
+    # another run writes meanwhile is refused when this run writes its own
+    replaceable = {f for f in figures if args.force or f.exists()}
     part_log = headprobe.cell_log_path(ranks.part_path(out))     # each rank keeps its own under torchrun
     if ranks.distributed and part_log.exists() and not (args.resume or args.force):
         raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
@@ -160,7 +163,8 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     # Replacing the figures was settled by check_eval_outputs; the result lists them.
     if plot is not None:
         fig = headprobe.needle_grid(result) if args.task != "dataset" else headprobe.accuracy_vs_memory(result)
-        print(f"wrote {headprobe.save_figure(fig, plot, force=True)}")
+        print(f"wrote {headprobe.save_figure(fig, plot, force=plot in replaceable)}")
     if memory_plot is not None:
-        print(f"wrote {headprobe.save_figure(headprobe.accuracy_vs_memory(result), memory_plot, force=True)}")
+        fig = headprobe.accuracy_vs_memory(result)
+        print(f"wrote {headprobe.save_figure(fig, memory_plot, force=memory_plot in replaceable)}")
     return 0

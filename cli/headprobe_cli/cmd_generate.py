@@ -54,6 +54,32 @@ def _prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
+def prompt_token_count(lm, prompt: str, chat: bool) -> int:
+    """Tokens of ``prompt`` as ``generate_compressed`` feeds it (in the chat template with ``chat``)."""
+    tokenizer = lm.tokenizer
+    if chat:
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                               add_generation_prompt=True)
+    return len(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
+
+
+def check_prompt_fits(lm, prompt: str, args: argparse.Namespace) -> None:
+    """Refuse a prompt that, with the tokens to generate, runs past the model's context (as ``profile``
+    refuses lengths beyond it): the positions past it were never trained and the answer means nothing."""
+    if not args.no_chat and not getattr(lm.tokenizer, "chat_template", None):
+        raise HeadprobeError(f"--model {args.model}: its tokenizer has no chat template to wrap the prompt in; pass "
+                             "--no-chat to give the prompt as it is")
+    context = lm.identity.max_context
+    if not context:
+        return
+    tokens = prompt_token_count(lm, prompt, chat=not args.no_chat)
+    if tokens + args.max_new_tokens > context:
+        source = f"--prompt-file {args.prompt_file}" if args.prompt_file else "the prompt"
+        raise HeadprobeError(
+            f"{source}: {tokens:,} prompt tokens + {args.max_new_tokens:,} new tokens (--max-new-tokens) exceed "
+            f"{lm.identity.name}'s context of {context:,} tokens; shorten the prompt or generate fewer tokens")
+
+
 def _mib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
@@ -62,12 +88,15 @@ def run(args: argparse.Namespace) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     if args.capacity is not None:
         headprobe.check_count("capacity", args.capacity)
+    if args.ratio is not None and not 0 < args.ratio <= 1:      # before the model loads
+        raise HeadprobeError(f"--ratio {args.ratio}: expected a number in (0, 1]")
     prompt = _prompt(args)
     options = headprobe.parse_policy_options(args.option)
     policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
     budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
+    check_prompt_fits(lm, prompt, args)
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
                                         chat=not args.no_chat)

@@ -33,7 +33,7 @@ def run(args) -> int:
         slug = headprobe.model_slug(prof.model.name)
         out = headprobe.user_profiles_dir() / f"{slug}.{prof.kind}.{prof.probe.get('source', 'imported')}.json"
     headprobe.check_overwrite(out, args.force)
-    prof.save(out)
+    prof.save(out, force=args.force)
     top = ", ".join(f"{l}-{h}" for l, h, _ in prof.top_heads(5))
     print(f"{prof.model.name}: {prof.kind} from {prof.probe.get('source')}, {prof.model.num_layers} layers x "
           f"{prof.model.num_query_heads} query heads; top heads {top}")

@@ -46,7 +46,7 @@ def run_eval_on_ranks(lm: Any, request: EvalRequest, out: str | Path, ranks: Ran
         (L, d, s) for L in request.lengths for d in request.depths for s in request.settings)}
     cells = sorted((c for share in shares for c in share), key=lambda c: order[c["trial"]])
     merged = _merged(part, cells, complete=len(cells) == len(order))
-    merged.save(out)
+    merged.save(out, force=force)
     return merged
 
 
@@ -84,7 +84,7 @@ def run_dataset_eval_on_ranks(lm: Any, examples: list[QAExample], settings: list
         cells.append(cell_record(setting, max_length, None, trials))
     merged = _merged(part, cells, complete=True)
     merged.task = {**part.task, "examples": len(examples)}
-    merged.save(out)
+    merged.save(out, force=force)
     return merged
 
 

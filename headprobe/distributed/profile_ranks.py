@@ -79,8 +79,10 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest | ProfilePlan | Re
                            trials_run=sum(s["trials_run"] for s in shares),
                            trials_skipped=sum(s["trials_skipped"] for s in shares))
     for index in range(len(shares[0]["passes"])):
-        settings, trials = merge_pass([s["passes"][index] for s in shares])
-        write_log_profiles(settings, trials, plan.outputs.out_dir, plan.stem, merged)
+        parts = [s["passes"][index] for s in shares]
+        settings, trials = merge_pass(parts)
+        own_log = next((Path(p["log"]) for p in parts if p.get("log")), None)    # any shard log of the pass
+        write_log_profiles(settings, trials, plan.outputs.out_dir, plan.stem, merged, plan.request, own_log)
     return merged
 
 

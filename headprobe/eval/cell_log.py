@@ -151,6 +151,9 @@ class CellLog:
 
         self.out = Path(out)
         check_eval_outputs(out, figures, resume=resume, force=force)
+        #: Whether the next write may replace a result at ``out``: with force, the one its log made when
+        #: resumed, and this run's own after its first write (another run's result is refused).
+        self._replace = force or (resume and result_made_by_log(out, cell_log_path(out)) is not None)
         header = {"model": lm.identity.fingerprint, "task": task, "settings": [s.to_json() for s in settings],
                   **log_settings, "headprobe_version": __version__}
         self.log = TrialLog(cell_log_path(out), header, resume=resume, force=force)
@@ -172,12 +175,16 @@ class CellLog:
         for record in records:
             self.log.append(record)
             self.result.cells.append(record)
-        self.result.save(self.out)
+        self._save()
+
+    def _save(self) -> None:
+        self.result.save(self.out, force=self._replace)
+        self._replace = True
 
     def finish(self) -> EvalResult:
         """Mark the result complete, write it and close the log."""
         self.result.complete = True
-        self.result.save(self.out)
+        self._save()
         self.log.close()
         return self.result
 

@@ -87,8 +87,10 @@ class EvalResult:
                 "grid": self.grid, "settings": self.settings, "complete": self.complete,
                 "summary": self.summary(), "cells": self.cells, **self.extra}
 
-    def save(self, path: str | Path) -> Path:
-        return atomic_write_json(path, self.to_json())
+    def save(self, path: str | Path, force: bool = False) -> Path:
+        """Write the result whole; an existing file is replaced only with ``force`` (checked as it is put in
+        place, so a result another run wrote meanwhile is refused, not replaced)."""
+        return atomic_write_json(path, self.to_json(), overwrite=force)
 
     @classmethod
     def load(cls, path: str | Path) -> EvalResult:

@@ -112,7 +112,7 @@ class Explanation:
         """Write the equivalent budget map (``headprobe.budget``) atomically, checked by its own reader first."""
         check_overwrite(path, force)
         BudgetMap.from_json(self.budget_map.to_json(), path)
-        return self.budget_map.save(path)
+        return self.budget_map.save(path, force=force)
 
     def generate_command(self, path: str | Path) -> str:
         """``headprobe generate ...``: the command that runs :attr:`budget_map`, saved at ``path``, in headprobe's

@@ -1,10 +1,9 @@
 """Atomic JSON writing and validated reading of headprobe's self-describing files.
 
 Every headprobe file is a JSON object with ``format`` (e.g. ``"headprobe.profile"``) and ``version``
-(an integer). Files are written to a temporary file in the same directory and renamed into place, so
-a reader never sees half a file and an interrupted write never destroys the previous one. The temporary
-file is created with the permissions of any new file (``0o666`` less the umask), so what is renamed into
-place is as readable as a file the user would have created (``tempfile.mkstemp`` would make it ``0o600``).
+(an integer). Files are written whole (:mod:`headprobe.files.atomic`): a temporary file in the same
+folder, put in place in one step, so a reader never sees half a file and an interrupted write never
+destroys the previous one.
 """
 
 from __future__ import annotations
@@ -13,88 +12,53 @@ import hashlib
 import json
 import math
 import os
-import secrets
 import tempfile
 from pathlib import Path
 from typing import Any
 
 from ..errors import FileFormatError, HeadprobeError
+from .atomic import (  # noqa: F401  (re-exported: the writers' historical home)
+    atomic_write_text,
+    blocking_file,
+    create_temp_beside,
+    make_output_dir,
+    write_file_atomically,
+    write_folder_atomically,
+)
 
 
-def make_output_dir(path: str | os.PathLike) -> Path:
-    """Create the folder ``path`` (and its parents) for outputs, or refuse in one line saying why not."""
-    path = Path(path) if str(path) else Path(".")
-    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
-    if blocking is not None:
-        raise HeadprobeError(f"{path}: cannot create the output folder ({blocking} is a file, not a folder)")
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise HeadprobeError(f"{path}: cannot create the output folder ({exc.strerror})") from exc
-    return path
+def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1, overwrite: bool = True,
+                      hint: str = "") -> Path:
+    """Serialise ``obj`` as UTF-8 JSON (no NaN allowed) and write it whole (:func:`atomic_write_text`);
+    ``overwrite=False`` refuses a file that exists when it is put in place."""
+    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
+    return atomic_write_text(path, text + "\n", overwrite=overwrite, hint=hint)
 
 
-def create_temp_beside(path: str | os.PathLike) -> tuple[int, Path]:
-    """Create a new, empty temporary file in ``path``'s folder (made if missing): ``(fd, temp_path)``.
+def check_writable_dir(path: str | os.PathLike) -> Path:
+    """Check, before any work starts, that files can be written in the folder ``path``.
 
-    Unlike ``tempfile.mkstemp`` (mode ``0o600``), the file gets the mode of any new file, ``0o666`` less
-    the process umask, so a file renamed from it onto ``path`` has the permissions the user expects.
+    A folder that does not exist yet is not created (it is made when its first file is written, so a
+    run that fails before then leaves no empty folder behind): its nearest existing parent must be a
+    folder in which one can be created.
 
     Raises
     ------
     HeadprobeError
-        When the folder cannot be created or written.
+        A part of the path is a file, or the folder (or the parent it would be made in) is not writable.
     """
-    path = Path(path)
-    parent = make_output_dir(path.parent)
+    path = Path(path) if str(path) else Path(".")
+    blocking = blocking_file(path)
+    if blocking is not None:
+        raise HeadprobeError(f"{path}: output directory is not writable ({blocking} is a file, not a folder)")
+    existing = next(p for p in (path, *path.parents, Path(".")) if p.exists())
     try:
-        while True:
-            tmp = parent / f".{path.name}.{secrets.token_hex(4)}.tmp"
-            try:
-                return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), tmp
-            except FileExistsError:
-                continue
-    except OSError as exc:
-        raise HeadprobeError(f"{parent}: output directory is not writable ({exc.strerror})") from exc
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` atomically (temporary file in the same folder, then rename)."""
-    path = Path(path)
-    fd, tmp = create_temp_beside(path)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
-        os.replace(tmp, path)
-    except BaseException as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        if isinstance(exc, OSError):
-            raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
-        raise
-    return path
-
-
-def atomic_write_json(path: str | os.PathLike, obj: Any, indent: int | None = 1) -> Path:
-    """Serialise ``obj`` as UTF-8 JSON (no NaN allowed) and write it atomically."""
-    text = json.dumps(obj, indent=indent, ensure_ascii=False, allow_nan=False)
-    return atomic_write_text(path, text + "\n")
-
-
-def check_writable_dir(path: str | os.PathLike) -> Path:
-    """Create ``path`` if needed and check that files can be written there, before any work starts."""
-    path = Path(path)
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=path)
+        fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=existing)
         os.close(fd)
         os.unlink(tmp)
     except OSError as exc:
-        raise HeadprobeError(f"{path}: output directory is not writable ({exc.strerror})") from exc
+        where = path if existing == path else f"{path} (in {existing})"
+        raise HeadprobeError(f"{where}: output directory is not writable ({exc.strerror})") from exc
     return path
 
 

@@ -3,12 +3,15 @@
 Two runs appending to one log (two ``resume`` runs on one output folder, say) would both run the
 trials the log lacks and log them twice. The lock is ``<log>.lock``: an advisory ``fcntl.flock`` held
 for as long as the log is open, with the holder's process id written inside so that a refusal can name
-it. The operating system drops the flock when its process ends, however it ends; a lock file left
-behind by a process that died is taken over, with a warning that names that process.
+it. The operating system drops the flock when its process ends, however it ends; a lock file that no
+process holds is taken over, with a warning that names the process it names and says whether that
+process still runs (a reused process id, or a lock file copied from elsewhere) or ended. Folders
+made for the lock are removed with it when nothing else was written in them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import warnings
@@ -44,9 +47,17 @@ class LogLock:
         self._acquire()
 
     def _acquire(self) -> None:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            self._made = self._make_folders()
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+            except FileNotFoundError:     # the folder was removed between making it and opening the lock
+                continue
+            except OSError as exc:
+                self._remove_made_folders()
+                what = ("is a folder, not a lock file; remove it if no run writes to the log"
+                        if isinstance(exc, IsADirectoryError) else f"cannot be opened ({exc.strerror})")
+                raise HeadprobeError(f"{self.log}: cannot lock the log: {self.path} {what}") from None
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -57,6 +68,9 @@ class LogLock:
                     f"{self.log}: in use by {who} (lock {self.path}); wait for that run to finish, or write "
                     "elsewhere"
                 ) from None
+            except OSError as exc:
+                os.close(fd)
+                raise HeadprobeError(f"{self.log}: cannot lock the log {self.path} ({exc.strerror})") from None
             try:
                 same = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -67,11 +81,40 @@ class LogLock:
             break
         previous = _read_pid(fd)
         if previous and previous != os.getpid():
-            warnings.warn(f"{self.log}: taking over the lock {self.path} left by process {previous}, which no "
-                          "longer holds it (it ended without releasing the lock)", RuntimeWarning, stacklevel=4)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+            if _alive(previous):
+                why = ("is running but does not hold it (its process id was reused, or the lock file was copied "
+                       "from elsewhere)")
+            else:
+                why = "no longer holds it (it ended without releasing the lock)"
+            warnings.warn(f"{self.log}: taking over the lock {self.path} left by process {previous}, which {why}",
+                          RuntimeWarning, stacklevel=4)
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as exc:                 # a full disk: not even the process id fits
+            with contextlib.suppress(OSError):
+                os.unlink(self.path)
+            os.close(fd)
+            self._remove_made_folders()
+            raise HeadprobeError(f"{self.log}: cannot write its lock file {self.path} ({exc.strerror})") from None
         self._fd = fd
+
+    def _make_folders(self) -> list[Path]:
+        """Create the lock's missing folders; the ones made, deepest first (removed again on release when
+        no file went into them)."""
+        missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise HeadprobeError(f"{self.log}: cannot create its folder ({exc.strerror})") from None
+        return missing
+
+    def _remove_made_folders(self) -> None:
+        for folder in getattr(self, "_made", []):
+            try:
+                folder.rmdir()               # only an empty folder: a log or a result written there stays
+            except OSError:
+                break
 
     @property
     def held(self) -> bool:
@@ -87,12 +130,26 @@ class LogLock:
             pass
         os.close(self._fd)
         self._fd = None
+        self._remove_made_folders()
 
     def __del__(self) -> None:
         try:
             self.release()
         except OSError:
             pass
+
+
+def _alive(pid: int) -> bool:
+    """Whether a process with this id exists (one of another user's counts)."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (ProcessLookupError, OverflowError, ValueError):
+        return False
+    return True
 
 
 def _read_pid(fd: int) -> int | None:

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FileFormatError, HeadprobeError, param
-from .jsonio import check_log_header, create_temp_beside, read_text
+from .atomic import write_file_atomically
+from .jsonio import check_log_header, read_text
 from .log_lock import LogLock
 
 LOG_FORMAT = "headprobe.trials"
@@ -170,17 +171,10 @@ class TrialLog:
         return list(first.values())
 
     def _replace_with(self, lines: list[str]) -> None:
-        """Write ``lines`` to a new file beside the log and rename it onto the log."""
-        fd, tmp = create_temp_beside(self.path)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                handle.writelines(lines)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            tmp.unlink(missing_ok=True)
-            raise
+        """Write ``lines`` to a new file beside the log and rename it onto the log (the old log stays as it
+        was if that fails: ``LOG: cannot write (No space left on device)``)."""
+        data = "".join(lines).encode("utf-8")
+        write_file_atomically(self.path, lambda handle: handle.write(data), overwrite=True)
 
     def _header_line(self, settings: dict[str, Any]) -> str:
         return _line({"format": LOG_FORMAT, "version": LOG_VERSION, "settings": settings})
@@ -201,10 +195,7 @@ class TrialLog:
             self._replace_with([self._header_line(self.settings), _line(record)])
             self._on_disk = True
         else:
-            with open(self.path, "a", encoding="utf-8") as handle:
-                handle.write(_line(record))
-                handle.flush()
-                os.fsync(handle.fileno())
+            _append_whole(self.path, _line(record).encode("utf-8"))
         self.done[record["trial"]] = record
 
     def close(self, finished: bool = True) -> None:
@@ -230,6 +221,40 @@ class TrialLog:
 
     def records(self) -> Iterator[dict[str, Any]]:
         return iter(self.done.values())
+
+
+def _append_whole(path: Path, data: bytes) -> None:
+    """Append ``data`` (one line) to ``path`` and flush it to disk, or leave the file as it was.
+
+    A write that fails part-way (a full disk) is cut back to the file's previous end, so no torn line is
+    left for a resumed run to drop.
+
+    Raises
+    ------
+    HeadprobeError
+        ``LOG: cannot write (No space left on device)``.
+    """
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    except OSError as exc:
+        raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
+    try:
+        end = os.fstat(fd).st_size
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
+        except BaseException as exc:      # a full disk, or Ctrl-C between two writes of the line
+            try:
+                os.ftruncate(fd, end)
+            except OSError:
+                pass
+            if isinstance(exc, OSError):
+                raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
+            raise
+    finally:
+        os.close(fd)
 
 
 def _line(record: dict[str, Any]) -> str:

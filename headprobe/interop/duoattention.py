@@ -10,17 +10,21 @@ ways (mit-han-lab/duo-attention, ``duo_attn/utils.py`` and ``duo_attn/patch``):
   ``s``-quantile and makes the heads at or above it full. kvpress' ``DuoAttentionPress`` makes the
   ``round(n · head_compression_ratio)`` lowest heads streaming.
 
-headprobe's scores are on another scale (a SmolLM2 profile's largest KV-head score is 0.06), so an
-export places the chosen split on DuoAttention's 0.5 cut: the full heads take values in
-(0.5, 1], the streaming heads [0, 0.5), every head in its score order with neighbours at least
+The eval patch casts each row to the model's dtype before it compares (``torch.tensor(row,
+dtype=model.dtype) > 0.5``), so a value just above 0.5 becomes 0.5 in float16 or bfloat16 and its head
+streams. headprobe's scores are on another scale (a SmolLM2 profile's largest KV-head score is 0.06), so
+an export places the chosen split on DuoAttention's 0.5 cut with a margin the half-precision types
+resolve: the full heads take values in [0.5 + :data:`DUO_MARGIN`, 1], the streaming heads
+[0, 0.5 − :data:`DUO_MARGIN`], every head in its score order with neighbours at least
 :data:`EXPORT_GAP` apart (ten times DuoAttention's tie noise), and ``config.json`` records the exact
-share of streaming heads as ``sparsity``. Both readings then give the heads headprobe chose, and any other
-sparsity gives the top heads in headprobe's order.
+share of streaming heads as ``sparsity``. Both readings then give the heads headprobe chose in float32,
+float16 and bfloat16 alike, and any other sparsity gives the top heads in headprobe's order.
 """
 
 from __future__ import annotations
 
 import io
+import json
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
@@ -31,20 +35,15 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
-from ..files.jsonio import (
-    atomic_write_json,
-    atomic_write_text,
-    file_fingerprint,
-    make_output_dir,
-    read_json,
-    read_text,
-)
+from ..files.atomic import write_folder_atomically
+from ..files.jsonio import file_fingerprint, read_json, read_text
 from ..files.overwrite import check_overwrite
 from ..head_ranking import rank_order
 from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import Profile
 from .known import check_import_index, import_identity
+from .layer_list import check_budgets_keep_window
 
 TSV_NAME = "full_attention_heads.tsv"
 CONFIG_NAME = "config.json"
@@ -54,6 +53,10 @@ DUO_CUT = 0.5
 DUO_NOISE = 1e-6
 #: Smallest distance between any two values headprobe exports: ten times DuoAttention's noise.
 EXPORT_GAP = 1e-5
+#: Distance of every exported value from the 0.5 cut: twice bfloat16's spacing just above 0.5 (2**-8), so
+#: casting to bfloat16 or float16 (DuoAttention's eval patch casts to the model's dtype) keeps each value
+#: on its side of the cut.
+DUO_MARGIN = 2.0 ** -7
 #: Share of full heads when neither a threshold nor a share is given (DuoAttention's example sparsity).
 DEFAULT_FULL_SHARE = 0.5
 #: sink_size / recent_size for a profile without its own (the values of DuoAttention's published patterns).
@@ -226,10 +229,12 @@ def choose_split(scores: np.ndarray, threshold: float | None = None, full_share:
     return DuoSplit(full.reshape(s.shape), "full_share", float(share), tie)
 
 
-def ranked_pattern(scores: np.ndarray, full: np.ndarray, gap: float = EXPORT_GAP) -> np.ndarray:
+def ranked_pattern(scores: np.ndarray, full: np.ndarray, gap: float = EXPORT_GAP,
+                   margin: float = DUO_MARGIN) -> np.ndarray:
     """Values in [0, 1] that DuoAttention reads as ``full`` and that rank the heads as ``scores`` do.
 
-    Full heads get values in ``[0.5 + gap, 1]``, the others ``[0, 0.5 − gap]``. Inside each side, the
+    Full heads get values in ``[0.5 + margin, 1]``, the others ``[0, 0.5 − margin]`` (``margin`` keeps
+    them on their side of 0.5 when DuoAttention casts them to float16 or bfloat16). Inside each side, the
     head of rank ``r`` (0 = lowest score; equal scores: the lower (layer, head) ranks higher) gets
     ``lo + gap·r + (hi − lo − gap·(m − 1))·(x − x_min)/(x_max − x_min)``: the order is the scores'
     order and neighbours are at least ``gap`` apart.
@@ -245,7 +250,8 @@ def ranked_pattern(scores: np.ndarray, full: np.ndarray, gap: float = EXPORT_GAP
     flat, mask = s.ravel(), np.asarray(full, dtype=bool).ravel()
     ascending = rank_order(flat)[::-1]                      # lowest first; ties: higher (layer, head) first
     out = np.empty_like(flat)
-    for side, lo, hi in ((False, 0.0, DUO_CUT - gap), (True, DUO_CUT + gap, 1.0)):
+    margin = max(margin, gap)
+    for side, lo, hi in ((False, 0.0, DUO_CUT - margin), (True, DUO_CUT + margin, 1.0)):
         idx = ascending[mask[ascending] == side]
         m = idx.size
         if m == 0:
@@ -374,6 +380,8 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
         if value is not None:
             check_count(name, value, minimum=0)
     folder = check_overwrite(folder, force)
+    if isinstance(source, BudgetMap):
+        check_budgets_keep_window(source)
     raw = export_scores(source, reduction)
     prior = source.probe.get("config", {}) if isinstance(source, Profile) else {}
     config: dict[str, Any] = dict(prior) if isinstance(prior, dict) else {}
@@ -386,6 +394,9 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
     else:
         scores = np.maximum(raw, 0.0)               # DuoAttention clips to [0, 1]: below 0 is 0
         native = isinstance(source, Profile) and source.probe.get("source") == "duoattention"
+        if not native and not np.any(scores > 0):
+            raise HeadprobeError(f"{_what(source)} has all-zero scores: nothing to choose the full heads by "
+                                 "(allocate refuses it too); profile with more trials or other needles")
         split = choose_split(scores, threshold, full_share, native=native)
         if split.tie is not None:
             score, tied, full = split.tie
@@ -397,19 +408,21 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
         config["headprobe"] = {
             "split": split.rule, "value": split.value, "full_heads": int(split.full.sum()),
             "streaming_heads": split.streaming, "values": "binary" if binary else "ranked",
-            "gap": None if binary else EXPORT_GAP,
+            "gap": None if binary else EXPORT_GAP, "margin": None if binary else DUO_MARGIN,
             "source": ({"kind": "budget_map", "allocator": source.method.get("allocator"),
                         "sources": source.method.get("sources", [])} if isinstance(source, BudgetMap)
                        else {"kind": source.kind, "fingerprint": source.fingerprint}),
         }
     for message in consumer_warnings(source.model):
         warnings.warn(message, UserWarning, stacklevel=2)
-    make_output_dir(folder)
-    atomic_write_text(folder / TSV_NAME, tsv_text(values))
-    atomic_write_json(folder / CONFIG_NAME, config, indent=None)
-    return folder
+    config_text = json.dumps(config, ensure_ascii=False, allow_nan=False) + "\n"
+    return write_folder_atomically(folder, {TSV_NAME: tsv_text(values), CONFIG_NAME: config_text}, overwrite=force)
 
 
-__all__ = ("DEFAULT_FULL_SHARE", "DUO_CUT", "DUO_NOISE", "EXPORT_GAP", "DuoSplit", "binarise", "choose_split",
-           "consumer_warnings", "duo_scores", "export_scores", "pattern_window", "ranked_pattern",
+def _what(source: Profile | BudgetMap) -> str:
+    return "the budget map" if isinstance(source, BudgetMap) else f"the {source.kind} profile"
+
+
+__all__ = ("DEFAULT_FULL_SHARE", "DUO_CUT", "DUO_MARGIN", "DUO_NOISE", "EXPORT_GAP", "DuoSplit", "binarise",
+           "choose_split", "consumer_warnings", "duo_scores", "export_scores", "pattern_window", "ranked_pattern",
            "read_duoattention", "read_tsv", "write_duoattention")

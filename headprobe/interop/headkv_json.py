@@ -9,11 +9,10 @@ allocation made from it, is unchanged.
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ..errors import FileFormatError
 from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
@@ -60,14 +59,16 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
         if not m:
             raise FileFormatError(path, key, 'keys must look like "<layer>-<queryhead>", e.g. "12-7"')
         check_import_index(path, key, int(m.group(1)), int(m.group(2)))
-        vals = value if isinstance(value, list) else [value]
-        if not vals or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
-            raise FileFormatError(path, key, "expected a non-empty list of numbers")
-        mean = float(np.mean(vals))
-        if not np.isfinite(mean):
-            raise FileFormatError(path, key, "scores must be finite")
-        cells[(int(m.group(1)), int(m.group(2)))] = mean
-        trials.add(len(vals))
+        if not isinstance(value, list) or not value or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in value):
+            found = ("an empty list" if value == [] else repr(value) if not isinstance(value, list)
+                     else "a list with a value that is not a number")
+            raise FileFormatError(path, key, f"expected a non-empty list of numbers (the per-trial scores), found "
+                                  f"{found}")
+        if not all(math.isfinite(v) for v in value):
+            raise FileFormatError(path, key, f"scores must be finite, found {value!r}")
+        cells[(int(m.group(1)), int(m.group(2)))] = _mean(value)
+        trials.add(len(value))
     stem = path.stem
     for suffix in ("_retrieval_reasoning_heads", "_retrieval_heads"):
         stem = stem.removesuffix(suffix)
@@ -98,6 +99,14 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
                    kv_heads=reduce_groups(q, ident.group_size, "mean"), group_reduction="mean")
 
 
+def _mean(values: list[float]) -> float:
+    """The mean of finite numbers, also where their sum is beyond the float range (``[1e308, 1e308]``)."""
+    try:
+        return math.fsum(values) / len(values)
+    except OverflowError:
+        return math.fsum(v / len(values) for v in values)
+
+
 def headkv_json_text(profile: Profile) -> str:
     """The one-line JSON text of a profile's query-head scores, layer-major."""
     if profile.query_heads is None:
@@ -109,7 +118,7 @@ def headkv_json_text(profile: Profile) -> str:
 def write_headkv_json(profile: Profile, path: str | Path, force: bool = False) -> Path:
     """Export a profile as a HeadKV / Retrieval_Head score file (one line, every head, layer-major)."""
     path = check_overwrite(path, force)
-    return atomic_write_text(path, headkv_json_text(profile) + "\n")
+    return atomic_write_text(path, headkv_json_text(profile) + "\n", overwrite=force)
 
 
 __all__ = ("headkv_json_text", "read_headkv_json", "write_headkv_json")

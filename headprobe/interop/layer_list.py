@@ -26,6 +26,29 @@ LAYER_BUDGETS_FORMAT = "headprobe.layer_budgets"
 KVPRESS_RATIOS_FORMAT = "headprobe.kvpress_layer_ratios"
 
 
+def check_budgets_keep_window(bm: BudgetMap) -> None:
+    """Refuse to export a budget map in which a head keeps less than the map's own window (or nothing).
+
+    Every head keeps at least its window whatever the budget says (``generate --budget`` refuses such a
+    map for the same reason); an export would otherwise tell the engine to drop more (a map of zeros:
+    compression ratios of 1.0, every token dropped).
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the head, its budget and the window.
+    """
+    b = np.asarray(bm.budgets, dtype=np.int64)
+    window = bm.method.get("window")
+    least = window if isinstance(window, int) and not isinstance(window, bool) and window > 0 else 1
+    if b.size and b.min() < least:
+        layer, head = (int(i) for i in np.unravel_index(int(np.argmin(b)), b.shape))
+        what = f"smaller than its window ({window} tokens)" if least == window else "so it keeps no token"
+        raise HeadprobeError(f"the budget map gives head {layer}-{head} (budgets[{layer}][{head}]) {b.min()} tokens, "
+                             f"{what}: every head keeps its window whatever the budget (generate --budget refuses "
+                             "this map too); allocate the map again")
+
+
 def layer_budgets(bm: BudgetMap) -> dict:
     """The per-layer list of a budget map (see module docs)."""
     from ..allocation.common import largest_remainder
@@ -43,12 +66,20 @@ def layer_budgets(bm: BudgetMap) -> dict:
 
 
 def write_layer_list(bm: BudgetMap, path: str | Path, force: bool = False) -> Path:
-    """Write the per-layer budget list (JSON, or one integer a line for a ``.txt`` path)."""
+    """Write the per-layer budget list (JSON, or one integer a line for a ``.txt`` path).
+
+    Raises
+    ------
+    HeadprobeError
+        An existing file without ``force``, or a head budget below the map's window
+        (:func:`check_budgets_keep_window`).
+    """
     path = check_overwrite(path, force)
+    check_budgets_keep_window(bm)
     data = layer_budgets(bm)
     if path.suffix == ".txt":
-        return atomic_write_text(path, "".join(f"{x}\n" for x in data["per_head"]))
-    return atomic_write_json(path, data)
+        return atomic_write_text(path, "".join(f"{x}\n" for x in data["per_head"]), overwrite=force)
+    return atomic_write_json(path, data, overwrite=force)
 
 
 def read_layer_list(path: str | Path) -> dict:
@@ -96,7 +127,7 @@ def kvpress_layer_ratios(bm: BudgetMap, prompt_len: int | None = None) -> dict:
     Raises
     ------
     HeadprobeError
-        No context length, or a layer whose budget exceeds it.
+        No context length, a layer whose budget exceeds it, or a head budget below the map's window.
     """
     if prompt_len is None:
         prompt_len = bm.method.get("prompt_len")
@@ -106,6 +137,7 @@ def kvpress_layer_ratios(bm: BudgetMap, prompt_len: int | None = None) -> dict:
     if bm.granularity != "kv_head":
         raise HeadprobeError("kvpress compresses per KV head; this budget map is per query head "
                              f"(made with {param('compat', 'headkv')})")
+    check_budgets_keep_window(bm)
     per_head = layer_budgets(bm)["per_head"]
     if max(per_head) > prompt_len:
         layer = int(np.argmax(per_head))
@@ -123,8 +155,8 @@ def write_kvpress_ratios(bm: BudgetMap, path: str | Path, prompt_len: int | None
                          force: bool = False) -> Path:
     """Write :func:`kvpress_layer_ratios` as JSON."""
     path = check_overwrite(path, force)
-    return atomic_write_json(path, kvpress_layer_ratios(bm, prompt_len))
+    return atomic_write_json(path, kvpress_layer_ratios(bm, prompt_len), overwrite=force)
 
 
-__all__ = ("KVPRESS_RATIOS_FORMAT", "LAYER_BUDGETS_FORMAT", "kvpress_layer_ratios", "layer_budgets", "read_layer_list",
-           "removal_ratio", "write_kvpress_ratios", "write_layer_list")
+__all__ = ("KVPRESS_RATIOS_FORMAT", "LAYER_BUDGETS_FORMAT", "check_budgets_keep_window", "kvpress_layer_ratios",
+           "layer_budgets", "read_layer_list", "removal_ratio", "write_kvpress_ratios", "write_layer_list")

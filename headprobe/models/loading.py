@@ -186,8 +186,12 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation, **placement}
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
+    cache_only = check_hub_access(resolved, model)
+    if cache_only:
+        kwargs["local_files_only"] = True
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                                  **({"local_files_only": True} if cache_only else {}))
         with quiet_weight_loading():
             hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
@@ -198,6 +202,12 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
     except OSError as exc:   # missing or unreadable files
         raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
+    except Exception as exc:
+        if not _damaged_weights(exc, resolved):
+            raise
+        # a truncated or corrupt weight file: safetensors' header error, torch.load's archive error
+        raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)}; the weight files look "
+                             "damaged or incomplete: copy or download them again)") from exc
     hf_model.eval()
     if not getattr(tokenizer, "is_fast", False):
         raise HeadprobeError(f"{param('model', model)}: needs a fast tokenizer (character offsets locate answer spans)")
@@ -278,11 +288,76 @@ def model_identity(model: str, trust_remote_code: bool = False) -> ModelIdentity
         path = str(_converted_gguf(resolved.spec))
     else:
         _check_remote_code(path, model, trust_remote_code)
+    cache_only = check_hub_access(resolved, model)
     try:
-        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code)
+        config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,
+                                            **({"local_files_only": True} if cache_only else {}))
     except ValueError as exc:   # a config.json transformers cannot use (unknown model_type, bad values)
         raise HeadprobeError(f"{param('model', model)}: cannot read its config ({_first_line(exc)})") from exc
     return identity_from_config(config, resolved.name, resolved.source)
+
+
+#: What an HTTP status from the Hugging Face Hub means for a model's files.
+_HUB_STATUS = {
+    401: "the model is private or gated and no token was sent (log in with `hf auth login`, or set HF_TOKEN)",
+    403: "the token has no access to this model (a gated model: request access on its page)",
+    404: "no such model on the Hub",
+    429: "too many requests (rate limited); try again later",
+}
+
+
+def check_hub_access(resolved: ResolvedModel, model: str) -> bool:
+    """Ask the Hugging Face Hub once, before transformers reads a Hub model, whether it serves the model.
+
+    transformers retries a Hub that answers with server errors for about 50 seconds per file; one
+    request here tells at once. Nothing is asked for a local folder, a shipped model, or in offline mode
+    (``HF_HUB_OFFLINE=1``).
+
+    Returns
+    -------
+    bool
+        Whether to read the model from the local cache only: the Hub cannot serve it now, but a copy is
+        cached (a warning says so).
+
+    Raises
+    ------
+    HeadprobeError
+        The Hub cannot serve the model (no access, no such model, unreachable, a server error) and no
+        copy is cached: one line saying which.
+    """
+    if not resolved.source.startswith("hub:"):
+        return False
+    from huggingface_hub import constants, try_to_load_from_cache
+    from huggingface_hub.utils import build_hf_headers, get_session
+
+    offline = getattr(constants, "is_offline_mode", None)
+    if offline() if callable(offline) else constants.HF_HUB_OFFLINE:
+        return False
+    repo = resolved.path
+    try:
+        response = get_session().head(f"{constants.ENDPOINT}/{repo}/resolve/main/config.json",
+                                      headers=build_hf_headers(), timeout=constants.HF_HUB_ETAG_TIMEOUT)
+        status = response.status_code
+        if status < 400:
+            return False
+        why = f"the Hub answered {status}: " + _HUB_STATUS.get(
+            status, "a server error; try again later" if status >= 500 else "the request was refused")
+    except Exception as exc:  # noqa: BLE001  (the HTTP client's connection, proxy and timeout errors)
+        why = f"{constants.ENDPOINT} cannot be reached ({_first_line(exc)})"
+    if isinstance(try_to_load_from_cache(repo, "config.json"), str):
+        warnings.warn(f"{param('model', model)}: {why}; loading the copy in the local cache", RuntimeWarning,
+                      stacklevel=3)
+        return True
+    raise HeadprobeError(f"{param('model', model)}: cannot load {repo} from the Hugging Face Hub ({why}); no copy "
+                         "is in the local cache (HF_HUB_OFFLINE=1 uses cached models only)")
+
+
+def _damaged_weights(exc: BaseException, resolved: ResolvedModel) -> bool:
+    """Whether ``exc``, raised while reading a model's files, says a weight file is truncated or corrupt."""
+    if type(exc).__name__ == "SafetensorError":          # safetensors' Rust error (no importable base class)
+        return True
+    import pickle
+    return resolved.source.startswith("local:") and isinstance(exc, (RuntimeError, EOFError, pickle.UnpicklingError))
 
 
 def _first_line(exc: BaseException) -> str:

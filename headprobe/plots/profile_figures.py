@@ -235,26 +235,28 @@ def budget_heatmap(bm: BudgetMap, top_k: int = 5) -> Figure:
 
 
 def save_figure(fig: Figure, path: str | Path, fmt: str | None = None, force: bool = False, dpi: int = 150) -> Path:
-    """Save ``fig`` as PNG (default) or SVG (``fmt="svg"`` or a ``.svg`` path); refuses to overwrite
-    without ``force``. The figure is closed afterwards."""
-    from ..files.jsonio import make_output_dir
+    """Save ``fig`` as PNG (default) or SVG (``fmt="svg"`` or a ``.svg`` path); an existing image is
+    replaced only with ``force``, checked as the image is put in place (an image another run wrote
+    meanwhile is refused, not replaced). The figure is closed afterwards.
+
+    Raises
+    ------
+    HeadprobeError
+        An unknown format, an existing image (without ``force``), or a folder that cannot be written
+        (``PATH: cannot write (Read-only file system)``); no temporary file is left behind.
+    """
+    from ..files.atomic import write_file_atomically
     from ..files.overwrite import check_overwrite
 
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "png").lower()
-    if fmt not in FORMATS:
-        raise HeadprobeError(f"plot format must be one of {', '.join(FORMATS)}, got {fmt!r}")
-    if path.suffix.lstrip(".").lower() != fmt:
-        path = path.with_suffix(f".{fmt}")
-    check_overwrite(path, force)
-    make_output_dir(path.parent)
-    tmp = path.with_name(f".{path.name}.tmp")
     try:
-        fig.savefig(tmp, format=fmt, dpi=dpi)
-        os.replace(tmp, path)
-    except OSError as exc:
-        tmp.unlink(missing_ok=True)
-        raise HeadprobeError(f"{path}: cannot write the image ({exc.strerror})") from exc
+        if fmt not in FORMATS:
+            raise HeadprobeError(f"plot format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        if path.suffix.lstrip(".").lower() != fmt:
+            path = path.with_suffix(f".{fmt}")
+        check_overwrite(path, force)
+        write_file_atomically(path, lambda handle: fig.savefig(handle, format=fmt, dpi=dpi), overwrite=force)
     finally:
         plt.close(fig)
     return path

@@ -4,6 +4,11 @@ A profile's head scores are means over its passing trials. Resampling those tria
 (``resamples`` times, a fixed seed) gives the spread of each head's mean (:func:`head_intervals`) and of
 the top-k set (:func:`top_k_jaccard`: the mean Jaccard index between each resample's top-k heads and the
 profile's own). Ties are broken as everywhere in headprobe: the lower (layer, head) ranks higher.
+
+The resampling sees the trials as a set: before drawing, the trials are put in one canonical order (by
+their scores, :func:`canonical_order`), so a grid run in one process, split over ``torchrun`` ranks, run
+in another batch order or merged from shard logs gives the same intervals and the same Jaccard indices,
+as it gives the same scores.
 """
 
 from __future__ import annotations
@@ -45,10 +50,24 @@ def resample_means(scores: np.ndarray, settings: BootstrapSettings) -> np.ndarra
     n = scores.shape[0]
     if n == 0:
         raise HeadprobeError("bootstrap: no trials to resample")
+    scores = scores[canonical_order(scores)]
     rng = np.random.default_rng(settings.seed)
     counts = rng.multinomial(n, np.full(n, 1.0 / n), size=settings.resamples)      # [resamples, trials]
     flat = scores.reshape(n, -1)
     return (counts @ flat / n).reshape((settings.resamples,) + scores.shape[1:])
+
+
+def canonical_order(scores: np.ndarray) -> np.ndarray:
+    """An order of the trials ``scores`` ``[trials, ...]`` that depends on their scores alone: ascending
+    by the first score, then the second, and so on (trials with equal scores are interchangeable).
+
+    Resampling in this order makes the bootstrap a function of the set of trials, not of the order in
+    which a run logged them or the shards that ran them.
+    """
+    flat = np.asarray(scores, dtype=np.float64).reshape(len(scores), -1)
+    if flat.shape[1] == 0:
+        return np.arange(len(flat))
+    return np.lexsort(flat.T[::-1])
 
 
 def head_intervals(scores: np.ndarray, settings: BootstrapSettings) -> tuple[np.ndarray, np.ndarray]:

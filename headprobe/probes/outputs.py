@@ -8,6 +8,7 @@ launch, and when shard logs are merged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -112,24 +113,32 @@ def profiles_to_write(settings: dict[str, Any], records: list[dict[str, Any]], o
     return planned
 
 
-def write_profiles(planned: list[tuple[Profile, Path]], overwrite: bool) -> list[Path]:
+def replaces_own_profile(force: bool, resume: bool, path: Path, log: Path | None) -> bool:
+    """Whether a run may replace the profile at ``path`` when it writes: with ``force``, or with ``resume``
+    when the trial log ``log`` made it; any other profile there (another run's) is refused as it is written."""
+    return force or (resume and log is not None and profile_made_by_log(path, log))
+
+
+def write_profiles(planned: list[tuple[Profile, Path]], overwrite: bool | Callable[[Path], bool]) -> list[Path]:
     """Write ``planned`` profiles; the one place headprobe writes a profile from trial logs.
 
     Parameters
     ----------
     overwrite
-        Replace existing files. Without it every file is checked before any is written, and an existing
-        one is refused (so nothing is written unless everything can be). A run passes ``True``: it
-        checked its profiles before its model loaded (:func:`~headprobe.probes.plan.check_profile_run`).
+        Whether an existing file may be replaced: one answer for all, or one per path (a run's
+        :func:`replaces_own_profile`). Every file that may not be replaced is checked before any is
+        written (so nothing is written unless everything can be), and again as it is written: a file that
+        another run wrote in between is refused, not replaced (:meth:`~headprobe.profile.Profile.save`).
 
     Raises
     ------
     HeadprobeError
-        An existing file without ``overwrite``, naming it.
+        An existing file that may not be replaced, naming it.
     """
-    if not overwrite:
-        for _, path in planned:
+    allowed = {path: bool(overwrite(path) if callable(overwrite) else overwrite) for _, path in planned}
+    for _, path in planned:
+        if not allowed[path]:
             check_overwrite(path, False, hint=f"or choose another {param('out_dir')}")
     for profile, path in planned:
-        profile.save(path)
+        profile.save(path, force=allowed[path])
     return [path for _, path in planned]

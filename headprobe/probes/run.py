@@ -19,7 +19,7 @@ from ..files.jsonio import check_writable_dir
 from ..files.trial_log import TrialLog
 from ..profile import Profile
 from .aggregate import check_trial_records, merge_logs, read_profile_log
-from .outputs import check_name, profile_stem, profiles_to_write, write_profiles
+from .outputs import check_name, profile_stem, profiles_to_write, replaces_own_profile, write_profiles
 from .pass_steps import PassRun
 from .plan import ProfilePlan, ResolvedProfile, check_profile_run
 from .request import ProfileRequest
@@ -83,7 +83,8 @@ def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedPro
             _run_pass(loaded, run, log, plan.stem, progress, result)
         result.logs.append(log_path)
         if plan.request.shard is None:       # a shard (or a torchrun rank) writes its log only
-            write_log_profiles(log.settings, list(log.records()), plan.outputs.out_dir, plan.stem, result)
+            write_log_profiles(log.settings, list(log.records()), plan.outputs.out_dir, plan.stem, result,
+                               plan.request, log_path)
     return result
 
 
@@ -104,15 +105,20 @@ def _run_pass(loaded: Any, run: PassRun, log: TrialLog, stem: str, progress: Pro
 
 
 def write_log_profiles(settings: dict[str, Any], records: list[dict[str, Any]], out_dir: Path, stem: str,
-                       result: ProfileResult) -> None:
+                       result: ProfileResult, request: ProfileRequest, log: Path | None) -> None:
     """Write the profiles of a finished pass's log (a run's, or its ranks' merged); a pass in which no
-    trial passed goes to ``result.failures`` (the other passes still count; the log keeps every trial)."""
+    trial passed goes to ``result.failures`` (the other passes still count; the log keeps every trial).
+
+    An existing profile is replaced with ``request.force``, or with ``request.resume`` when ``log`` made it
+    (:func:`~headprobe.probes.outputs.replaces_own_profile`); any other is refused as it is written.
+    """
     try:
         planned = profiles_to_write(settings, records, out_dir, stem)
     except NoPassingTrialsError as exc:
         result.failures.append(str(exc))
         return
-    result.profiles.extend(write_profiles(planned, overwrite=True))
+    result.profiles.extend(write_profiles(
+        planned, overwrite=lambda path: replaces_own_profile(request.force, request.resume, path, log)))
 
 
 def merge_profile_logs(paths: list[str | Path], out_dir: str | Path, name: str | None = None, force: bool = False,

@@ -54,3 +54,61 @@ def test_generate_prints_answer_and_cache_line(capsys):
     assert rc == 0
     assert "Paris" in out[0]
     assert out[-1].startswith("cache: ") and "vs full cache" in out[-1]
+
+
+def _prompt_tokens(model_dir, text: str) -> int:
+    from transformers import AutoTokenizer
+
+    return len(AutoTokenizer.from_pretrained(model_dir)(text)["input_ids"])
+
+
+def test_generate_refuses_a_prompt_beyond_the_models_context(tiny_dir, tmp_path, capsys):
+    text = "The river ran past the old mill while the rain came down. " * 700
+    tokens = _prompt_tokens(tiny_dir, text)
+    assert tokens > 4096                                     # the tiny model's context
+    prompt = tmp_path / "doc.txt"
+    prompt.write_text(text)
+    argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--no-chat", "--prompt-file", str(prompt)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        (f"headprobe: error: --prompt-file {prompt}: {tokens:,} prompt tokens + 64 new tokens (--max-new-tokens) "
+         "exceed tiny's context of 4,096 tokens; shorten the prompt or generate fewer tokens")]
+
+
+def test_generate_counts_the_new_tokens_against_the_context(tiny_dir, capsys):
+    text = "The river ran past the old mill while the rain came down. " * 10
+    tokens = _prompt_tokens(tiny_dir, text)
+    argv = ["generate", "--model", str(tiny_dir), "--device", "cpu", "--no-chat", text]
+    assert main([*argv, "--max-new-tokens", str(4096 - tokens + 1)]) == 2
+    assert "the prompt: " in capsys.readouterr().err
+    assert main([*argv, "--max-new-tokens", "4"]) == 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("chat", [False, True])
+def test_the_context_check_counts_the_tokens_generate_feeds_the_model(smollm2, chat):
+    from headprobe_cli.cmd_generate import prompt_token_count
+
+    import headprobe
+
+    prompt = "Where did the river run? " * 20
+    res = headprobe.generate_compressed(smollm2, prompt, capacity=32, max_new_tokens=1, chat=chat)
+    assert prompt_token_count(smollm2, prompt, chat) == int(res.cache.prompt_lengths[0])
+
+
+def test_generate_refuses_a_ratio_out_of_range_before_the_model_loads(monkeypatch, capsys):
+    import headprobe
+
+    def load_model(*args, **kwargs):
+        raise AssertionError("the model was loaded before the refusal")
+
+    monkeypatch.setattr(headprobe, "load_model", load_model)
+    assert main(["generate", "--ratio", "2", "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == ["headprobe: error: --ratio 2.0: expected a number in (0, 1]"]
+
+
+def test_generate_refuses_a_chat_prompt_for_a_tokenizer_without_a_chat_template(tiny_dir, capsys):
+    assert main(["generate", "--model", str(tiny_dir), "--device", "cpu", "hello"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        (f"headprobe: error: --model {tiny_dir}: its tokenizer has no chat template to wrap the prompt in; pass "
+         "--no-chat to give the prompt as it is")]
