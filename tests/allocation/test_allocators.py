@@ -226,9 +226,9 @@ def test_uniform_and_pyramid():
 
 def test_budget_maps_are_valid_files(tmp_path):
     from headprobe.budget_map import BudgetMap
-    for bm in (allocate("headkv", [head_profile()]), allocate("pyramid", model=SMOL),
-               allocate("combined", [head_profile(), retention_profile()])):
-        path = bm.save(tmp_path / "b.json")
+    for i, bm in enumerate((allocate("headkv", [head_profile()]), allocate("pyramid", model=SMOL),
+                            allocate("combined", [head_profile(), retention_profile()]))):
+        path = bm.save(tmp_path / f"b{i}.json")
         back = BudgetMap.load(path)
         assert back.budgets == bm.budgets and back.method == bm.method
         assert math.isclose(sum(map(sum, back.shares)), 1.0)
