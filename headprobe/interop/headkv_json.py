@@ -14,6 +14,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import FileFormatError
 from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
 from ..files.overwrite import check_overwrite
@@ -100,11 +102,13 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
 
 
 def _mean(values: list[float]) -> float:
-    """The mean of finite numbers, also where their sum is beyond the float range (``[1e308, 1e308]``)."""
-    try:
-        return math.fsum(values) / len(values)
-    except OverflowError:
-        return math.fsum(v / len(values) for v in values)
+    """NumPy's mean (what HeadKV's consumers compute), also where the sum is beyond the float range.
+
+    ``[1e308, 1e308]`` overflows ``np.mean``; such lists take the mean of the scaled values instead.
+    """
+    with np.errstate(over="ignore"):
+        mean = float(np.mean(values))
+    return mean if math.isfinite(mean) else math.fsum(v / len(values) for v in values)
 
 
 def headkv_json_text(profile: Profile) -> str:
