@@ -202,6 +202,8 @@ def read_contexts(source: Any, fields: ContextFields | str | None = None, split:
             raise HeadprobeError(f"{param('contexts', str(source))}: no such file or folder")
         if path.is_file():
             stat = path.stat()
+            if stat.st_size == 0 or (path.suffix in (".jsonl", ".json", ".csv") and not path.read_bytes().strip()):
+                raise HeadprobeError(f"{param('contexts', label)}: no rows")
             key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, fields, split, limit, label)
             if key in _CACHE:
                 return _CACHE[key]
@@ -292,7 +294,9 @@ def _answers(row: dict, fields: ContextFields, i: int, label: str) -> tuple[list
         given = row[fields.answer_offset]
         given = given if isinstance(given, list) else [given]
         for k, offset in enumerate(given[:len(answers)]):
-            if offset is None or isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+            if offset is None:              # no offset for this row: the first occurrence
+                continue
+            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
                 raise HeadprobeError(f"{_where(label, i, fields.answer_offset)}: expected a character offset "
                                      f"(an integer >= 0), found {offset!r}")
             offsets[k] = offset
