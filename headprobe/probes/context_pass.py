@@ -244,11 +244,11 @@ def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any]
     per_trial = np.array([r["scores"][kind] for r in passed], dtype=np.float64)    # [passed, layers, heads]
     mean = [[math.fsum(float(per_trial[t, l, h]) for t in range(len(passed))) / len(passed) for h in range(heads)]
             for l in range(layers)]
-    probe = {k: v for k, v in settings.items() if k not in ("probes", "example_ids")}
+    probe = {k: v for k, v in settings.items() if k != "probes"}
     probe["kind"] = kind
     intervals = interval_block(per_trial, BootstrapSettings())
+    clipped = sum(1 for row in mean for x in row if x < 0)
     if clip_negative:
-        probe["clipped_heads"] = sum(1 for row in mean for x in row if x < 0)
         mean = [[max(0.0, x) for x in row] for row in mean]
         for key in ("low", "high"):
             intervals[key] = [[max(0.0, x) for x in row] for row in intervals[key]]
@@ -258,6 +258,8 @@ def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any]
         "rows": int(contexts.get("rows", len(records))),
         "answer_not_in_context": int(contexts.get("answer_not_in_context", 0)),
         "mean_seconds": round(math.fsum(r.get("seconds", 0.0) for r in records) / len(records), 3)}
+    if clip_negative:
+        trials["clipped_heads"] = clipped
     if settings.get("until_stable"):
         rule = StopRule.from_json(settings["until_stable"])
         jaccard = top_k_jaccard(per_trial, rule.k, rule.bootstrap) if len(passed) >= rule.min_passed else None

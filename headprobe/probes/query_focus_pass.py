@@ -20,7 +20,7 @@ of its ``attn_retriever.py``):
 
 The profile (``query_focus``) is the mean over examples (every example counts: there is no gate), with
 bootstrap intervals; heads whose mean is negative (they attend less to the evidence when asked than for
-``N/A``) score 0 so that allocation can read it (``probe.clipped_heads`` counts them; the trial log keeps
+``N/A``) score 0 so that allocation can read it (``trials.clipped_heads`` counts them; the trial log keeps
 the signed scores). QRHead then ranks heads by this mean over (question, gold document) pairs.
 """
 
