@@ -192,9 +192,10 @@ def read_contexts(source: Any, fields: ContextFields | str | None = None, split:
         rows, or no row whose answer is in its context.
     """
     fields = ContextFields.parse(fields)
+    recorded = name or str(source)
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise HeadprobeError(f"{param('limit', limit)}: expected a positive number of rows")
-    label = name or str(source)
+    label = str(source)            # messages name the data as it was given
     key = None
     if isinstance(source, (str, Path)):
         path = Path(source)
@@ -204,7 +205,7 @@ def read_contexts(source: Any, fields: ContextFields | str | None = None, split:
             stat = path.stat()
             if stat.st_size == 0 or (path.suffix in (".jsonl", ".json", ".csv") and not path.read_bytes().strip()):
                 raise HeadprobeError(f"{param('contexts', label)}: no rows")
-            key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, fields, split, limit, label)
+            key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, fields, split, limit, recorded)
             if key in _CACHE:
                 return _CACHE[key]
     from ..eval.datasets import open_dataset
@@ -242,7 +243,7 @@ def read_contexts(source: Any, fields: ContextFields | str | None = None, split:
     if not used:
         raise HeadprobeError(f"{param('contexts', label)}: no example's answer occurs in its context "
                              f"({len(skipped)} rows); the probes score the answer's place in the context")
-    result = ContextSet(label, "sha256:" + digest.hexdigest()[:16], fields, len(ds), tuple(used), tuple(skipped))
+    result = ContextSet(recorded, "sha256:" + digest.hexdigest()[:16], fields, len(ds), tuple(used), tuple(skipped))
     if key is not None:
         _CACHE.clear()          # one set kept: the passes of one run read the same file
         _CACHE[key] = result
