@@ -1,13 +1,24 @@
 """Build a question-answering set from the shipped corpus (haystacks/corpus/*.txt, not the needle sets).
 
-Each example is one corpus document as the context, a question that quotes a sentence of it up to its last
-words, and those last words as the answer: a span of the real text, found verbatim in the context
-(``answer_start`` gives its offset). Sentences are taken evenly from the start to the end of each document
-(so the evidence lies at every depth), only where the answer and the quoted beginning each occur once in
-the document. Deterministic: no randomness; the same files give the same set.
+Each example is one corpus document as the context, a question about one of its sentences and an answer
+that is a span of the real text, found verbatim in the context (``answer_start`` gives its offset). Two
+forms (``--form``):
 
-Documents with an odd number (01, 03, ...) make the calibration split (profiles are made on it), the
-even ones the held-out split (budgets are evaluated on it), so no context is in both.
+- ``copula`` (default): every sentence of the form "The/A/Her... SUBJECT is/was/are/were COMPLEMENT." gives
+  "According to the text, what VERB SUBJECT?" with the complement as the answer ("The island was small
+  enough to walk around in an hour." -> "According to the text, what was the island?" / "small enough to
+  walk around in an hour"): about two per document.
+- ``cloze``: a sentence quoted up to its last two words, which are the answer; sentences taken evenly from
+  the start to the end of each document, where the answer and the quoted beginning each occur once.
+  SmolLM2-135M-Instruct answers none of these with the full cache (it restates the sentence's start), so
+  they make no accuracy benchmark for it.
+
+Deterministic: no randomness; the same files give the same set.
+
+Cloze: documents with an odd number (01, 03, ...) make the calibration split (profiles are made on it), the
+even ones the held-out split (budgets are evaluated on it), so no context is in both. Copula: the examples,
+in document order, alternate between the splits (too few per document to split by document evenly), so
+a document may be the context of a calibration and a held-out question, never of the same one.
 
     python benchmarks/build_corpus_qa.py --out /tmp/corpus_qa          # calibration.jsonl, heldout.jsonl
 """
@@ -21,6 +32,8 @@ from pathlib import Path
 
 CORPUS = Path(__file__).resolve().parents[1] / "haystacks" / "corpus"
 SENTENCE = re.compile(r"[^.!?\n]+[.!?]")
+COPULA = re.compile(r"(?:^|(?<=[.!?]\s))((?:The|A|An|Her|His|Their|Our|My) [A-Za-z' -]{3,60}?) (is|was|are|were) "
+                    r"([^.;:!?\"]{3,60})\.", re.MULTILINE)
 #: Words an answer may not end on (a "short phrase" answer should carry content).
 STOP = {"a", "an", "the", "of", "to", "in", "on", "at", "and", "or", "but", "it", "is", "was", "be", "as", "for",
         "by", "with", "that", "this", "he", "she", "they", "we", "you", "i", "his", "her", "their", "its", "them",
@@ -53,26 +66,45 @@ def questions_of(doc_id: str, text: str, per_doc: int, answer_words: int) -> lis
              "answer": c["answer"], "answer_start": c["answer_start"]} for k, c in enumerate(chosen)]
 
 
-def build(per_doc: int = 6, answer_words: int = 2) -> dict[str, list[dict]]:
+def copula_questions_of(doc_id: str, text: str) -> list[dict]:
+    """Every "SUBJECT is COMPLEMENT." sentence of one document as a question about its subject."""
+    out = []
+    for m in COPULA.finditer(text):
+        subject, verb, answer = m.group(1), m.group(2), m.group(3).strip()
+        if text.count(answer) != 1:
+            continue
+        out.append({"id": f"{doc_id}-{len(out)}", "doc": doc_id, "context": text,
+                    "question": f"According to the text, what {verb} {subject[0].lower() + subject[1:]}?",
+                    "answer": answer, "answer_start": m.start(3) + m.group(3).index(answer)})
+    return out
+
+
+def build(per_doc: int = 6, answer_words: int = 2, form: str = "copula") -> dict[str, list[dict]]:
     """``{"calibration": [...], "heldout": [...]}`` from every corpus document."""
     splits: dict[str, list[dict]] = {"calibration": [], "heldout": []}
     for path in sorted(CORPUS.glob("*.txt")):
         number = int(path.name.split("_", 1)[0])
         text = path.read_text(encoding="utf-8").strip()
         split = "calibration" if number % 2 == 1 else "heldout"
-        splits[split] += questions_of(path.stem, text, per_doc, answer_words)
+        if form == "copula":
+            for row in copula_questions_of(path.stem, text):
+                n = len(splits["calibration"]) + len(splits["heldout"])
+                splits["calibration" if n % 2 == 0 else "heldout"].append(row)
+        else:
+            splits[split] += questions_of(path.stem, text, per_doc, answer_words)
     return splits
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", required=True, help="folder for calibration.jsonl and heldout.jsonl")
-    parser.add_argument("--per-doc", type=int, default=6, help="questions per document")
-    parser.add_argument("--answer-words", type=int, default=2, help="words in each answer")
+    parser.add_argument("--per-doc", type=int, default=6, help="cloze: questions per document")
+    parser.add_argument("--answer-words", type=int, default=2, help="cloze: words in each answer")
+    parser.add_argument("--form", choices=["copula", "cloze"], default="copula")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    for split, rows in build(args.per_doc, args.answer_words).items():
+    for split, rows in build(args.per_doc, args.answer_words, args.form).items():
         path = out / f"{split}.jsonl"
         if path.exists():
             raise SystemExit(f"{path}: exists; choose another --out")
