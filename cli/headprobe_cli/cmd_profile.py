@@ -20,7 +20,8 @@ from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
 FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option",
-         "retention": "--retention-max-tokens"}
+         "retention": "--retention-max-tokens",
+         "contexts": "--contexts", "fields": "--fields"}
 
 #: Flags whose request parameter is named differently: flag destination → ProfileRequest parameter.
 PARAMETERS = {"needles": "needle_ids", "retention_max_tokens": "retention"}
@@ -78,6 +79,7 @@ def register(sub, formatter) -> None:
                "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
                "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
                "  headprobe profile --grid full --mode reuse --until-stable   # approximate, stops when stable\n"
+               "  headprobe profile --contexts qa.jsonl --fields context=doc,question=q,answer=a   # your own data\n"
                "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl\n"
                "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)",
     )
@@ -109,6 +111,13 @@ def register(sub, formatter) -> None:
                    help="your own needle file (JSONL), repeatable: each needle's kind decides which probe uses "
                         "it; a kind no file holds uses the shipped needles")
     p.add_argument("--haystack", help="text file or folder of .txt files (default: the shipped corpus)")
+    p.add_argument("--contexts", metavar="FILE",
+                   help="your own examples (JSONL/JSON/CSV/Parquet or a dataset folder), each a context, a question "
+                        "and an answer found in the context: profiles context_retrieval, context_enhanced_retrieval "
+                        "and query_focus (what --probe all means with this flag)")
+    p.add_argument("--fields", metavar="ROLE=NAME,...",
+                   help="--contexts: field names, e.g. context=document,question=query,answer=answer"
+                        "[,answer_offset=start][,id=key] (default: context, question, answer)")
     p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
     p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
     p.add_argument("--retention-max-tokens", type=int, default=unset(2048), help="layer-retention prompt length cap")
@@ -182,8 +191,9 @@ def _request(args, out_dir: Path):
     grids = headprobe.probe_grid
     until_stable = (headprobe.StopRule(k=int(args.stable_k), jaccard=float(args.stable_jaccard))
                     if args.until_stable else None)
+    probes = _probes(args)
     request = headprobe.ProfileRequest(
-        probes=list(headprobe.PROBES) if "all" in args.probe else args.probe, lengths=args.lengths,
+        probes=probes, lengths=args.lengths,
         depths=grids.parse_depths(args.depths) if args.depths else None, grid=str(args.grid), out_dir=out_dir,
         mode=args.mode, seeds=list(args.seeds), needle_files=[Path(p) for p in args.needle_file],
         needle_ids=args.needles, haystack=args.haystack, chat_template=not args.no_chat_template,
@@ -192,9 +202,43 @@ def _request(args, out_dir: Path):
         retention=headprobe.RetentionConfig(max_tokens=int(args.retention_max_tokens)), resume=args.resume,
         force=args.force, shard=grids.parse_shard(args.shard), name=args.name,
         recompute_share=headprobe.parse_recompute_share(float(args.recompute_share)), until_stable=until_stable,
-        options=_pass_options(args.pass_option))
+        options=_context_options(args, probes, _pass_options(args.pass_option)))
     request.check_options({PARAMETERS.get(d, d) for d in args.profile_defaults if given(args, d)})
     return request
+
+
+def _probes(args) -> list[str]:
+    """The probes asked for: ``all`` is every probe that reads the user's examples with ``--contexts``, every
+    other probe without it."""
+    if "all" in args.probe:
+        readers = headprobe.context_probes()
+        return [k for k in headprobe.PROBES if (k in readers) == bool(args.contexts)]
+    return list(args.probe)
+
+
+def _context_options(args, probes: list[str], options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+    """``--contexts`` and ``--fields`` as the options of every requested pass that reads the user's examples."""
+    kinds = headprobe.context_probes()
+    readers = list(dict.fromkeys(kinds[k] for k in probes if k in kinds))
+    if args.contexts is None:
+        if args.fields is not None:
+            raise headprobe.HeadprobeError("--fields: names the fields of --contexts FILE, which was not given")
+        for name in readers:
+            if "file" not in options.get(name, {}):
+                asked = [k for k in probes if kinds.get(k) == name]
+                raise headprobe.HeadprobeError(f"--probe {' '.join(asked)}: profiles your own examples; give "
+                                               "--contexts FILE")
+        return options
+    if not readers:
+        raise headprobe.HeadprobeError(f"--contexts: none of the probes asked for reads it ({', '.join(probes)}); "
+                                       "leave --probe out or name context_retrieval, context_enhanced_retrieval "
+                                       "or query_focus")
+    for name in readers:
+        given = options.setdefault(name, {})
+        given.setdefault("file", args.contexts)
+        if args.fields is not None:
+            given.setdefault("fields", args.fields)
+    return options
 
 
 def _pass_options(items: list[str]) -> dict[str, dict[str, str]]:
@@ -238,7 +282,9 @@ def _profile(args, ranks, out_dir: Path) -> int:
         profile = headprobe.Profile.load(path)
         t = profile.trials
         gate = f" the {t['gate']} gate" if t.get("gate") else ""
-        print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate})")
+        left_out = (f"; {t['answer_not_in_context']} of {t['rows']} rows left out, their answer is not in their "
+                    "context" if t.get("answer_not_in_context") else "")
+        print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate}{left_out})")
         if args.plot_stability and profile.intervals:
             log = logs.get(profile.probe.get("pass"))
             fig = headprobe.stability_figure(profile, log=headprobe.read_log(log) if log else None)
@@ -255,9 +301,15 @@ def _describe(args, run, loaded, ranks, out_dir: Path) -> None:
     if run.request.until_stable:
         mode += f", until the top-{run.request.until_stable.k} heads are stable"
     grid = run.grid
-    print(f"profiling {loaded.identity.name} on {where} ({mode}): {grid.description}; "
-          f"lengths {', '.join(map(str, grid.lengths))}; depths {', '.join(f'{d * 100:g}%' for d in grid.depths)}; "
-          f"writing to {out_dir}", file=sys.stderr)
+    contexts = [p.plan.data.data for p in run.passes if getattr(p.steps, "reads_contexts", False)]
+    if contexts and len(contexts) == len(run.passes):
+        what = "your examples"
+    else:
+        what = (f"{grid.description}; lengths {', '.join(map(str, grid.lengths))}; "
+                f"depths {', '.join(f'{d * 100:g}%' for d in grid.depths)}")
+    print(f"profiling {loaded.identity.name} on {where} ({mode}): {what}; writing to {out_dir}", file=sys.stderr)
+    if contexts:
+        print(f"contexts {contexts[0].describe()}", file=sys.stderr)
     for pass_run in run.passes:
         if pass_run.gate is not None:
             print(f"{'/'.join(pass_run.plan.probes).replace('_', '-')} gate: {pass_run.gate.describe()}",

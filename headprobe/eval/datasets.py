@@ -49,34 +49,7 @@ def load_qa_dataset(source: Any, split: str = "test", context_field: str = "cont
         The dataset cannot be read, lacks a field, or has a row with an empty answer list; or the optional
         ``datasets`` package is not installed.
     """
-    try:
-        import datasets
-    except ImportError:
-        raise HeadprobeError("reading a QA dataset needs the 'datasets' package, an optional dependency: "
-                             "pip install 'headprobe[eval]'") from None
-
-    name = "<dataset>" if isinstance(source, datasets.Dataset) else str(source)
-    if isinstance(source, datasets.Dataset):
-        ds = source
-    else:
-        path = Path(str(source))
-        try:
-            if path.is_file():
-                kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
-                if kind is None:
-                    raise HeadprobeError(f"{param('source', str(source))}: expected a .json, .jsonl, .csv or "
-                                         ".parquet file")
-                ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-            elif path.is_dir() and (path / "dataset_info.json").exists():
-                ds = datasets.load_from_disk(str(path))
-                if isinstance(ds, datasets.DatasetDict):
-                    ds = ds[split]
-            else:
-                ds = datasets.load_dataset(str(source), split=split)
-        except (OSError, ValueError, KeyError, datasets.exceptions.DatasetsError) as exc:
-            # datasets raises many kinds; the user needs one line
-            msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise HeadprobeError(f"{param('source', str(source))}: cannot load ({msg})") from None
+    ds, name = open_dataset(source, split)
     fields = {"context_field": context_field, "question_field": question_field, "answers_field": answers_field}
     missing = {p: f for p, f in fields.items() if f not in ds.column_names}
     if missing:
@@ -95,6 +68,56 @@ def load_qa_dataset(source: Any, split: str = "test", context_field: str = "cont
     if not out:
         raise HeadprobeError(f"{param('source', name)}: no rows")
     return out
+
+
+def open_dataset(source: Any, split: str = "test", what: str = "source") -> tuple[Any, str]:
+    """Open a dataset through ``datasets``, offline for local files and folders: ``(dataset, name)``.
+
+    Parameters
+    ----------
+    source
+        A ``datasets.Dataset``, a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file, a local dataset
+        folder (``save_to_disk``), or a hub name.
+    split
+        The split of a folder or hub dataset (files have one split).
+    what
+        The parameter that named ``source``, for messages.
+
+    Raises
+    ------
+    HeadprobeError
+        The dataset cannot be read (one line), or the optional ``datasets`` package is not installed.
+    """
+    try:
+        import datasets
+    except ImportError:
+        raise HeadprobeError("reading a QA dataset needs the 'datasets' package, an optional dependency: "
+                             "pip install 'headprobe[eval]'") from None
+
+    if isinstance(source, datasets.Dataset):
+        return source, "<dataset>"
+    path = Path(str(source))
+    try:
+        if path.is_file():
+            kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
+            if kind is None:
+                raise HeadprobeError(f"{param(what, str(source))}: expected a .json, .jsonl, .csv or "
+                                     ".parquet file")
+            ds = datasets.load_dataset(kind, data_files=str(path), split="train")
+        elif path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
+            ds = datasets.load_from_disk(str(path))
+            if isinstance(ds, datasets.DatasetDict):
+                if split not in ds:
+                    raise HeadprobeError(f"{param(what, str(source))}: no split {split!r} (splits: "
+                                         f"{', '.join(ds)})")
+                ds = ds[split]
+        else:
+            ds = datasets.load_dataset(str(source), split=split)
+    except (OSError, ValueError, KeyError, datasets.exceptions.DatasetsError) as exc:
+        # datasets raises many kinds; the user needs one line
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise HeadprobeError(f"{param(what, str(source))}: cannot load ({msg})") from None
+    return ds, str(source)
 
 
 def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template: bool = True) -> list[int]:

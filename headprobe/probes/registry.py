@@ -77,6 +77,10 @@ BUILTIN_PASSES = (
               "attention-weight scores of two-fact reasoning needles with a distractor"),
     ProbePass("layer_retention", ("layer_retention",), "layer_retention", "retention_pass:LAYER_RETENTION",
               "each layer's share of the top-ranked tokens of task prompts"),
+    ProbePass("contexts", ("context_retrieval", "context_enhanced_retrieval"), "head_scores", "context_pass:CONTEXTS",
+              "copy and attention-weight scores of the answer's span in the user's own contexts"),
+    ProbePass("query_focus", ("query_focus",), "head_scores", "query_focus_pass:QUERY_FOCUS",
+              "attention of the question's tokens to the evidence in the user's own contexts (QRHead)"),
 )
 
 _LOADED: dict[str, Any] = {}

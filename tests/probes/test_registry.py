@@ -122,7 +122,8 @@ def examples(tmp_path) -> Path:
 
 # ---- derived lists ----------------------------------------------------------------------------------
 
-BUILTIN_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
+BUILTIN_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention", "context_retrieval",
+                 "context_enhanced_retrieval", "query_focus")
 
 
 def test_every_list_of_kinds_comes_from_the_registry(sink_pass):
@@ -133,16 +134,19 @@ def test_every_list_of_kinds_comes_from_the_registry(sink_pass):
         assert tuple(kinds) == (*BUILTIN_KINDS, "toy_sink")
     assert "toy_sink" in headprobe.PROFILE_KINDS and registry.pass_of_kind("toy_sink") is sink_pass
     assert registry.profile_kinds("head_scores") == ("retrieval", "enhanced_retrieval", "retrieval_reasoning",
-                                                     "toy_sink")
+                                                     "context_retrieval", "context_enhanced_retrieval",
+                                                     "query_focus", "toy_sink")
 
 
 def test_the_built_in_passes_and_their_steps_agree():
     assert tuple(headprobe.PROFILE_KINDS) == BUILTIN_KINDS
     for probe_pass in registry.probe_passes():
         assert probe_pass.implementation.kinds == probe_pass.kinds, probe_pass.name
-        assert probe_pass.implementation.modes == tuple(headprobe.MODES), probe_pass.name
+        modes = probe_pass.implementation.modes        # the user's contexts have no haystack to reuse
+        assert modes == (("fast", "reference") if probe_pass.name == "contexts" else tuple(headprobe.MODES))
     from headprobe.allocation.registry import NEEDS
-    assert NEEDS["head_scores"][1] == "a head-score profile (retrieval, enhanced_retrieval or retrieval_reasoning)"
+    assert NEEDS["head_scores"][1].startswith("a head-score profile (retrieval, enhanced_retrieval, retrieval_reasoning, "
+                                              "context_retrieval, context_enhanced_retrieval")   # + passes added
 
 
 def test_a_pass_is_registered_once_and_a_kind_belongs_to_one_pass(sink_pass):

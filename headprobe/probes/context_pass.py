@@ -1,0 +1,410 @@
+"""Probing a user's own documents: the retrieval scores on the real context, at the answer's own span.
+
+Each example (:mod:`headprobe.haystack.contexts`) is a context, a question and an answer found in the
+context; its prompt is the context in place of the haystack, then the question
+(:func:`~headprobe.haystack.contexts.document_prompt`). No needle is inserted: the span scored is where
+the answer already is. The ``contexts`` pass records, per example, Wu et al.'s copy score
+(``context_retrieval``, :func:`~headprobe.probes.head_scores.copy_scores`) and the attention-weight score
+(``context_enhanced_retrieval``, HeadKV-ER) of the answer's tokens, exactly as the retrieval needle pass
+scores a needle's answer: in fast mode the answer (and the sentence up to it) teacher-forced and counted
+when greedy decoding reproduces it, in reference mode greedy decoding step by step; the gate is ROUGE-1
+recall of the answer > 0.5.
+
+The base class :class:`ContextPass` holds what every pass over a user's examples shares (its options,
+reading the data once, the log's settings, sharding, early stopping, checking records, merging) and is
+used by :mod:`headprobe.probes.query_focus_pass` too.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import numpy as np
+import torch
+
+from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
+from ..haystack.contexts import ContextExample, ContextSet, DocumentPrompt, document_prompt, read_contexts
+from ..haystack.needles import Needle
+from ..models.identity import ModelIdentity
+from ..profile import Profile, reduce_groups
+from .aggregate import require_field, require_numbers
+from .bootstrap import BootstrapSettings, interval_block, top_k_jaccard
+from .early_stop import StopRule
+from .log_settings import portable_file_name, shard_setting
+from .pass_steps import PassSteps, TrialGap
+from .probe_config import NeedleProbeConfig, NeedleScores
+from .trial_grid import shard_samples
+from .trial_record import trial_gates
+
+if TYPE_CHECKING:
+    from ..files.trial_log import TrialLog
+    from .inputs import RunInputs
+    from .pass_steps import PassPlan, PassRun, RunContext
+    from .request import ProfileRequest
+
+
+@dataclass
+class ContextOptions:
+    """Options of a pass over a user's examples (``--contexts``, ``--fields``; ``--pass-option PASS.FIELD=VALUE``).
+
+    Attributes
+    ----------
+    file
+        The examples: a ``.jsonl``/``.json``/``.csv``/``.parquet`` file or a dataset folder.
+    fields
+        Field names, ``context=NAME,question=NAME,answer=NAME[,answer_offset=NAME][,id=NAME]``
+        (:class:`~headprobe.haystack.contexts.ContextFields`); roles left out keep their defaults.
+    split
+        The split of a folder holding several.
+    limit
+        Only the first ``limit`` rows.
+    """
+
+    file: Path
+    fields: str = ""
+    split: str = "train"
+    limit: int | None = None
+
+
+@dataclass(frozen=True)
+class ContextInput:
+    """What a pass over a user's examples reads: the examples, and their prompts once rendered."""
+
+    data: ContextSet
+    file: str
+    prompts: dict[str, DocumentPrompt] = field(default_factory=dict, compare=False, hash=False)
+
+
+def example_prompt(loaded: Any, data: ContextInput, example: ContextExample, chat_template: bool) -> DocumentPrompt:
+    """``example``'s prompt on the loaded model's tokenizer (rendered once per run)."""
+    prompt = data.prompts.get(example.id)
+    if prompt is None:
+        prompt = document_prompt(loaded.tokenizer, example, chat_template)
+        data.prompts[example.id] = prompt
+    return prompt
+
+
+class ContextPass(PassSteps):
+    """What every pass over a user's examples shares; a subclass adds its runners, scores and records."""
+
+    options = ContextOptions
+    #: Whether ``--contexts`` feeds it (and ``--probe all`` with ``--contexts`` runs it).
+    reads_contexts = True
+
+    # ---- before the model loads --------------------------------------------------------------------
+
+    def read(self, request: ProfileRequest, options: ContextOptions, inputs: RunInputs) -> ContextInput:
+        """The examples (read once per run, whichever passes read them)."""
+        source = options.file
+        path = Path(source)
+        name = portable_file_name(path)[0] if path.exists() else str(source)
+        data = read_contexts(source, options.fields or None, options.split, options.limit, name=name)
+        return ContextInput(data, name)
+
+    # ---- on the model ------------------------------------------------------------------------------
+
+    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:
+        """Every example's prompt checked against the model's context; the log's settings."""
+        request, data = context.request, plan.data
+        max_context = loaded.identity.max_context
+        for example in data.data.examples:
+            prompt = example_prompt(loaded, data, example, request.chat_template)
+            room = len(prompt.input_ids) + self.response_room(request)
+            if max_context and room > max_context:
+                raise HeadprobeError(f"{param('contexts', data.file)}: example {example.id}: its prompt is "
+                                     f"{len(prompt.input_ids)} tokens, beyond the model's context of {max_context} "
+                                     f"tokens{' with the answer' if room > len(prompt.input_ids) else ''}; "
+                                     f"shorten the context or leave the example out")
+        out = {**context.common, "pass": plan.probe_pass.name, "probes": list(plan.probes),
+               "contexts": data.data.to_json(), "example_ids": [e.id for e in data.data.examples],
+               "shard": shard_setting(request.shard), **self.own_settings(request, plan)}
+        if request.until_stable is not None:
+            out["until_stable"] = request.until_stable.to_json()
+        return out
+
+    def response_room(self, request: ProfileRequest) -> int:
+        """Tokens the pass adds after a prompt (checked against the model's context)."""
+        return 0
+
+    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:
+        """The pass's own entries of the log's settings."""
+        return {}
+
+    def trials(self, run: PassRun) -> list[ContextExample]:
+        return shard_samples(list(run.plan.data.data.examples), run.request.shard)
+
+    def progress_label(self, run: PassRun) -> str:
+        return f"{'+'.join(run.settings['probes'])} on {run.plan.data.file} ({run.request.mode})"
+
+    def run(self, loaded: Any, run: PassRun, todo: list[ContextExample], log: TrialLog, progress: Any) -> Any:
+        """Run ``todo``; with ``until_stable``, the examples in a seeded shuffle until the top heads are stable."""
+        chunk_runner = self.chunk_runner(loaded, run, log, progress)
+        rule = run.request.until_stable
+        if rule is None:
+            chunk_runner(todo)
+            return None
+        from .early_stop import run_until_stable
+
+        order = list(run.plan.data.data.examples)
+        random.Random(rule.order_seed).shuffle(order)
+        gates = {kind: self.gate for kind in self.score_kinds(run.settings)}
+        return run_until_stable(order, log.done, chunk_runner, gates, rule)
+
+    def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,
+                     progress: Any) -> Callable[[list[ContextExample]], None]:
+        """A function that runs a list of examples, appending each record to ``log``."""
+        raise NotImplementedError
+
+    # ---- logs into profiles ------------------------------------------------------------------------
+
+    #: The gate a record must pass to count (``"none"``: every example counts).
+    gate = "published"
+    #: Whether a profile clips negative mean scores to 0 (allocation reads non-negative scores).
+    clip_negative = False
+
+    def score_kinds(self, settings: dict[str, Any]) -> tuple[str, ...]:
+        return tuple(k for k in self.kinds if k in settings.get("probes", self.kinds))
+
+    def profiles(self, settings: dict[str, Any], records: list[dict[str, Any]]) -> list[Profile]:
+        identity = ModelIdentity.from_json(settings["model"], "<trial log>")
+        return [example_profile(kind, identity, settings, records, self.gate, self.clip_negative)
+                for kind in self.score_kinds(settings)]
+
+    def check_records(self, settings: dict[str, Any], records: list[tuple[str, dict[str, Any]]]) -> None:
+        """A record needs an id among the log's examples, its gates and a ``[layers][query_heads]`` matrix of
+        finite numbers per score kind (non-negative unless the pass's scores are signed)."""
+        identity = ModelIdentity.from_json(settings["model"], "<trial log>")
+        shape = [identity.num_layers, identity.num_query_heads]
+        ids = set(settings.get("example_ids", []))
+        for where, r in records:
+            require_field(r, "gates", dict, where)
+            require_field(r, "scores", dict, where)
+            if r["trial"] not in ids:
+                raise FileFormatError(where, "trial", f"{r['trial']!r} is not an example of the log's settings")
+            if not isinstance(r["gates"].get(self.gate), bool):
+                raise FileFormatError(where, f"gates.{self.gate}", f"expected true or false, found "
+                                      f"{r['gates'].get(self.gate)!r}")
+            for kind in self.score_kinds(settings):
+                if self.clip_negative:
+                    _require_finite(r["scores"].get(kind), shape, where, f"scores.{kind}")
+                else:
+                    require_numbers(r["scores"].get(kind), shape, where, f"scores.{kind}")
+
+    def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:
+        """The examples the settings name that no log holds."""
+        ids = list(settings.get("example_ids", []))
+        missing = [i for i in ids if i not in found]
+        shown = f" (first: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
+        return TrialGap(len(missing), missing, f"{len(missing)} of {len(ids)} examples are missing{shown}")
+
+
+def _require_finite(value: Any, shape: list[int], where: str, name: str) -> None:
+    """``value`` is a ``shape`` nested list of finite numbers (any sign)."""
+    if not isinstance(value, list) or len(value) != shape[0]:
+        raise FileFormatError(where, name, f"expected {shape[0]} rows (one per layer)")
+    for i, row in enumerate(value):
+        if not isinstance(row, list) or len(row) != shape[1]:
+            raise FileFormatError(where, f"{name}[{i}]", f"expected {shape[1]} values")
+        for j, x in enumerate(row):
+            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
+                raise FileFormatError(where, f"{name}[{i}][{j}]", f"expected a finite number, found {x!r}")
+
+
+def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any], records: list[dict[str, Any]],
+                    gate: str, clip_negative: bool = False) -> Profile:
+    """The profile of one score kind of a log of examples: the mean over the examples that passed ``gate``,
+    with bootstrap intervals; ``trials`` counts the examples run, those that passed, and the rows left out
+    because their answer is not in their context.
+
+    Parameters
+    ----------
+    clip_negative
+        Signed scores (QRHead's calibrated score): the mean, and the interval bounds, are clipped at 0, so
+        that a head that attends less to the evidence when asked scores 0 (``probe.clipped_heads`` counts
+        them); the log keeps the signed values.
+
+    Raises
+    ------
+    NoPassingTrialsError
+        No example passed the gate.
+    """
+    passed = [r for r in records if r["gates"].get(gate)]
+    contexts = settings.get("contexts", {})
+    if not passed:
+        raise NoPassingTrialsError(
+            f"{kind}: none of the {len(records)} examples passed the {gate} gate (the model's answer, ROUGE-1 "
+            f"recall > 0.5), so there is nothing to average; see the responses in the trial log")
+    layers, heads = identity.num_layers, identity.num_query_heads
+    per_trial = np.array([r["scores"][kind] for r in passed], dtype=np.float64)    # [passed, layers, heads]
+    mean = [[math.fsum(float(per_trial[t, l, h]) for t in range(len(passed))) / len(passed) for h in range(heads)]
+            for l in range(layers)]
+    probe = {k: v for k, v in settings.items() if k != "probes"}
+    probe["kind"] = kind
+    intervals = interval_block(per_trial, BootstrapSettings())
+    clipped = sum(1 for row in mean for x in row if x < 0)
+    if clip_negative:
+        mean = [[max(0.0, x) for x in row] for row in mean]
+        for key in ("low", "high"):
+            intervals[key] = [[max(0.0, x) for x in row] for row in intervals[key]]
+    trials: dict[str, Any] = {
+        "total": len(records), "passed": len(passed),
+        **({"gate": gate, "passed_by_gate": {gate: len(passed)}} if gate != "none" else {}),
+        "rows": int(contexts.get("rows", len(records))),
+        "answer_not_in_context": int(contexts.get("answer_not_in_context", 0)),
+        "mean_seconds": round(math.fsum(r.get("seconds", 0.0) for r in records) / len(records), 3)}
+    if clip_negative:
+        trials["clipped_heads"] = clipped
+    if settings.get("until_stable"):
+        rule = StopRule.from_json(settings["until_stable"])
+        jaccard = top_k_jaccard(per_trial, rule.k, rule.bootstrap) if len(passed) >= rule.min_passed else None
+        trials["stopping"] = {"rule": rule.to_json(), "trials_run": len(records),
+                              "grid_trials": len(settings.get("example_ids", [])),
+                              "jaccard": None if jaccard is None else round(jaccard, 4),
+                              "stable": jaccard is not None and jaccard >= rule.jaccard}
+    reduction = settings.get("group_reduction", "mean")
+    return Profile(kind=kind, model=identity, probe=probe, trials=trials, query_heads=mean,
+                   kv_heads=reduce_groups(mean, identity.group_size, reduction), group_reduction=reduction,
+                   intervals=intervals)
+
+
+def context_probes() -> dict[str, str]:
+    """Profile kind → pass name of every registered pass that reads a user's examples (``--contexts``)."""
+    from .registry import probe_passes
+
+    return {kind: p.name for p in probe_passes() if getattr(p.implementation, "reads_contexts", False)
+            for kind in p.kinds}
+
+
+# ---- the retrieval scores on the real context ----------------------------------------------------------
+
+def example_needle(example: ContextExample) -> Needle:
+    """The example as the needle runners see one: its answer's sentence up to the answer (the restated
+    response) is the "needle", so the responses teacher-forced are those of a retrieval needle."""
+    return Needle(example.id, "retrieval", example.answer_sentence(), example.question, example.answer)
+
+
+def record_of(example: ContextExample, prompt: DocumentPrompt, response: str, scores: dict[str, torch.Tensor],
+              gates: dict[str, Any], passed: bool, seconds: float, mode: str) -> dict[str, Any]:
+    """One line of the trial log: the example, where its answer is, the model's response, gates and scores
+    (``[layers][query_heads]``, rounded to 6 decimals)."""
+    return {"trial": example.id, "mode": mode, "prompt_tokens": len(prompt.input_ids),
+            "answer_span": list(prompt.context.answer_span), "response": response, "gates": gates,
+            "passed": passed,
+            "scores": {k: [[round(float(x), 6) for x in row] for row in v.tolist()] for k, v in scores.items()},
+            "seconds": round(seconds, 3)}
+
+
+@torch.no_grad()
+def run_fast_examples(loaded: Any, data: ContextInput, examples: list[ContextExample], config: NeedleProbeConfig,
+                      on_trial: Callable[[dict[str, Any]], None], progress: Any) -> None:
+    """Fast mode: examples teacher-forced in batches of similar length (``config.batch_size``), the tokens
+    their prompts share at the start (the chat template's) computed once per batch; each batch's records go
+    to ``on_trial`` before the next batch starts."""
+    from ..attention import RowRecorder
+    from .fast_mode import build_batch, prompt_step, run_variant
+    from .prompt_cache import batch_cache, prefix_cache
+
+    prompts = {e.id: example_prompt(loaded, data, e, config.chat_template) for e in examples}
+    ordered = sorted(examples, key=lambda e: len(prompts[e.id].input_ids))
+    needles = {e.id: example_needle(e) for e in examples}
+    identity = loaded.identity
+    for start in range(0, len(ordered), config.batch_size):
+        began = time.perf_counter()
+        members = ordered[start:start + config.batch_size]
+        contexts = [prompts[e.id].context for e in members]
+        shared = min(min(_common_prefix(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
+                     for c in contexts)
+        batch = build_batch(loaded.tokenizer, members, contexts, shared, needles)
+        cache = batch_cache(prefix_cache(loaded.model, contexts[0].input_ids[:shared], loaded.device), shared,
+                            batch.size)
+        with RowRecorder(loaded.model) as rec:
+            step0 = prompt_step(loaded.model, rec, batch, cache, config.split_attention and shared > 0,
+                                identity.num_layers, identity.num_query_heads, loaded.device)
+            results = {name: run_variant(loaded.model, rec, batch, cache, step0, name, config.scores,
+                                         identity.num_layers, identity.num_query_heads, loaded.device)
+                       for name in batch.variant_names}
+        seconds = (time.perf_counter() - began) / len(members)
+        for i, example in enumerate(members):
+            chosen, exact = "gold", results["gold"].reproduced(i)
+            if not exact and "restated" in batch.variants[i] and results["restated"].reproduced(i):
+                chosen, exact = "restated", True
+            response = loaded.tokenizer.decode(results[chosen].greedy[i], skip_special_tokens=True)
+            gates, passed = trial_gates(needles[example.id], response, None, exact)
+            scores = {name: total[i] for name, total in results[chosen].totals.items()}
+            on_trial(record_of(example, prompts[example.id], response, scores, gates, passed, seconds, "fast"))
+        if progress:
+            progress(len(members))
+
+
+@torch.no_grad()
+def run_reference_examples(loaded: Any, data: ContextInput, examples: list[ContextExample],
+                           config: NeedleProbeConfig, on_trial: Callable[[dict[str, Any]], None],
+                           progress: Any) -> None:
+    """Reference mode: each example by greedy decoding (``config.max_new_tokens`` steps or end of sequence),
+    every step's rows scored, as the retrieval needle pass does."""
+    from transformers import DynamicCache
+
+    from .layer_scores import AnswerSpans, zero_totals
+    from .reference_mode import decode_scored_steps
+
+    identity = loaded.identity
+    for example in examples:
+        began = time.perf_counter()
+        prompt = example_prompt(loaded, data, example, config.chat_template)
+        ids = torch.tensor([prompt.input_ids])
+        spans = AnswerSpans(torch.tensor([prompt.context.answer_span[0]]),
+                            torch.tensor([prompt.context.answer_span[1]]), ids)
+        totals = zero_totals(config.scores, 1, identity.num_layers, identity.num_query_heads)
+        generated = decode_scored_steps(loaded, ids, config.max_new_tokens, DynamicCache(), spans, config.scores,
+                                        totals)
+        response = loaded.tokenizer.decode(generated, skip_special_tokens=True)
+        gates, passed = trial_gates(example_needle(example), response, None, None)
+        scores = {name: total[0] for name, total in totals.items()}
+        on_trial(record_of(example, prompt, response, scores, gates, passed, time.perf_counter() - began,
+                           "reference"))
+        if progress:
+            progress(1)
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    for i in range(n):
+        if a[i] != b[i]:
+            return i
+    return n
+
+
+class ContextRetrievalPass(ContextPass):
+    """The retrieval scores of the answer's span in the user's own contexts."""
+
+    kinds = ("context_retrieval", "context_enhanced_retrieval")
+    runners: ClassVar[Mapping[str, Any]] = {"fast": "context_pass:run_fast_examples",
+                                            "reference": "context_pass:run_reference_examples"}
+    scores = NeedleScores(weight="context_enhanced_retrieval", copy="context_retrieval")
+
+    def response_room(self, request: ProfileRequest) -> int:
+        return request.max_new_tokens if request.mode == "reference" else 0
+
+    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:
+        return {"gate": "published", "max_new_tokens": request.max_new_tokens}
+
+    def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,
+                     progress: Any) -> Callable[[list[ContextExample]], None]:
+        request = run.request
+        config = NeedleProbeConfig(scores=NeedleScores(
+            weight="context_enhanced_retrieval",
+            copy="context_retrieval"), mode=request.mode, chat_template=request.chat_template,
+            batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
+            split_attention=request.split_attention)
+        runner = self.runner(request.mode)
+        return lambda examples: runner(loaded, run.plan.data, examples, config, log.append, progress)
+
+
+#: The pass over a user's examples that scores the answer's span as the retrieval needle pass does.
+CONTEXTS = ContextRetrievalPass()
