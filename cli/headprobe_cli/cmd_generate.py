@@ -8,7 +8,17 @@ import sys
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import LazyChoices, add_loading_arguments, load_model
+from .common_args import (
+    LazyChoices,
+    add_loading_arguments,
+    add_prompt_format_arguments,
+    chat_template_wanted,
+    load_model,
+    resolve_prompt_format,
+)
+
+#: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
+FLAGS = {"chat_template=False": "--no-chat"}
 
 
 def register(sub, formatter) -> None:
@@ -34,7 +44,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, repeatable (e.g. window=16, key_merge=zip)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
+    add_prompt_format_arguments(p, plain_flag="--no-chat", plain_help="the prompt as written")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
                    help="Triton kernels or the PyTorch path")
     p.set_defaults(func=run)
@@ -60,6 +70,7 @@ def _mib(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    chat_template_wanted(args)                   # a contradiction fails before the model loads
     if args.capacity is not None:
         headprobe.check_count("capacity", args.capacity)
     prompt = _prompt(args)
@@ -68,9 +79,10 @@ def run(args: argparse.Namespace) -> int:
     budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
+    form = resolve_prompt_format(args, lm.tokenizer)
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
-                                        chat=not args.no_chat)
+                                        chat=form == "chat")
     print(res.texts[0].strip())
     cache = res.cache
     kept = cache.kept_tokens()

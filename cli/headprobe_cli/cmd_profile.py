@@ -8,7 +8,16 @@ from pathlib import Path
 
 import headprobe
 
-from .common_args import add_loading_arguments, add_rerun_arguments, load_model, rank_note, rank_progress
+from .common_args import (
+    add_loading_arguments,
+    add_prompt_format_arguments,
+    add_rerun_arguments,
+    chat_template_wanted,
+    load_model,
+    rank_note,
+    rank_progress,
+    resolve_prompt_format,
+)
 from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
@@ -71,7 +80,7 @@ def register(sub, formatter) -> None:
                         "$HEADPROBE_DATA/profiles or ~/.local/share/headprobe/profiles, where allocate and eval "
                         "look first; never the shipped profiles)")
     p.add_argument("--name", help="file-name stem (default: the model alias)")
-    p.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
+    add_prompt_format_arguments(p)
     add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
     p.add_argument("--shard", help="run slice i of n of the trial grid (i/n); merge the logs with --merge")
     p.add_argument("--merge", nargs="+", metavar="LOG", help="merge shard trial logs into profiles and exit")
@@ -121,7 +130,7 @@ def _profile(args, ranks, out_dir: Path) -> int:
     request = headprobe.ProfileRequest(
         probes=probes, lengths=list(lengths), depths=list(depths), out_dir=out_dir, mode=args.mode,
         seeds=args.seeds, needle_files=needle_files, needle_ids=args.needles, haystack=args.haystack,
-        chat_template=not args.no_chat_template, batch_size=args.batch_size, gate=args.gate,
+        chat_template=chat_template_wanted(args), batch_size=args.batch_size, gate=args.gate,
         group_reduction=args.group_reduction, tasks=args.tasks, samples_per_task=args.samples_per_task,
         retention=headprobe.RetentionConfig(max_tokens=args.retention_max_tokens),
         resume=args.resume, force=args.force, shard=shard, name=args.name, recompute_share=share,
@@ -130,6 +139,7 @@ def _profile(args, ranks, out_dir: Path) -> int:
     # What would be replaced, and whether the outputs can be written, is settled before the model loads.
     headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
     loaded = load_model(args, ranks)
+    resolve_prompt_format(args, loaded.tokenizer)
     on_gpu = loaded.device.type == "cuda"
     if args.grid == "full" or (args.grid == "auto" and on_gpu):
         grid_lengths, grid_depths, described = grids.full_grid(loaded.identity.max_context)

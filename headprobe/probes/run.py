@@ -17,6 +17,7 @@ from ..files.trial_log import TrialLog, read_log_records, settings_diff
 from ..haystack.context import build_context
 from ..haystack.corpus import Haystack, load_haystack
 from ..haystack.needles import Needle, check_needle_files, gather_needles, needle_file_list, needle_set_record
+from ..haystack.prompt_format import prompt_format_of
 from ..haystack.tasks import TaskSample, load_tasks
 from ..models.registry import model_slug
 from ..paths import haystacks_dir
@@ -324,6 +325,7 @@ def common_settings(loaded, request: ProfileRequest, version: str) -> dict[str, 
     """Settings every pass's log records: the model and what applies to all probes."""
     return {
         "model": loaded.identity.to_json(), "mode": request.mode, "chat_template": request.chat_template,
+        "prompt_format": prompt_format_of(loaded.tokenizer, request.chat_template),
         "headprobe_version": version, "group_reduction": request.group_reduction,
     }
 
