@@ -124,11 +124,14 @@ def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template:
         return ids
     ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"]
     keep = len(ctx) - (len(ids) - max_length) - 2
-    if keep <= 0:
-        raise HeadprobeError(f"{param('max_length', max_length)}: too short for the question of row {ex.id}")
-    cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
-    ids = render(cut)
-    return ids[:max_length] if len(ids) > max_length else ids
+    while True:     # decoding and re-tokenising the cut may add a token or two: cut more, never the question
+        if keep <= 0:
+            raise HeadprobeError(f"{param('max_length', max_length)}: too short for the question of row {ex.id}")
+        cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
+        ids = render(cut)
+        if len(ids) <= max_length:
+            return ids
+        keep -= len(ids) - max_length
 
 
 def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
