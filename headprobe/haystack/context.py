@@ -152,7 +152,7 @@ def render_prompt(tokenizer, user_text: str, chat_template: bool) -> tuple[str, 
 def render_instruction_prompt(tokenizer, document: str, instruction: str, chat_template: bool) -> tuple[str, bool]:
     """A document followed by an instruction (the layer-retention task prompts), in the prompt's form.
 
-    Chat form: ``document + "\n\n" + instruction`` as the user's turn. Plain form: the same text, then the
+    Chat form: ``document + "\\n\\n" + instruction`` as the user's turn. Plain form: the same text, then the
     answer cue on a line of its own.
 
     Returns
