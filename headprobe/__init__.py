@@ -57,6 +57,9 @@ _API: dict[str, dict[str, str]] = {
         "check_needle_files": "haystack.needles",
         "shipped_needle_file": "haystack.needles",
         "load_tasks": "haystack.tasks",
+        "PROMPT_FORMATS": "haystack.prompt_format",
+        "resolve_prompt_format": "haystack.prompt_format",
+        "wants_chat_template": "haystack.prompt_format",
     },
     # profiling: needle probes and layer retention, written as profiles
     "profiling": {

@@ -9,7 +9,16 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model, rank_note
+from .common_args import (
+    add_loading_arguments,
+    add_prompt_format_arguments,
+    add_rerun_arguments,
+    chat_template_wanted,
+    figure_path,
+    load_model,
+    rank_note,
+    resolve_prompt_format,
+)
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
@@ -36,7 +45,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--depths", nargs="+", type=float, default=[25, 75], help="percent")
     p.add_argument("--seed", type=int, default=0, help="seed of the random heads")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--no-chat-template", action="store_true")
+    add_prompt_format_arguments(p)
     p.add_argument("--out", default="eval/ablation.json")
     p.add_argument("--plot", default=None, help="PNG bars (default: beside --out); 'none' to skip")
     add_rerun_arguments(p, log="its run log", replaced="--out, its figure and its run log")
@@ -56,6 +65,7 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         raise HeadprobeError(f"{mine} exists; pass --resume to continue or --force to start over")
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    chat_template = chat_template_wanted(args)
     plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
         else out.with_suffix(".png")
     if ranks.is_main:   # the merged outputs are rank 0's to write; every rank checks its own log below
@@ -70,13 +80,14 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     depths = headprobe.probe_grid.parse_depths(args.depths)
     profile = headprobe.Profile.load(args.profile) if args.profile else None
     lm = load_model(args, ranks)
+    resolve_prompt_format(args, lm.tokenizer)
     if profile is None:
         profile = headprobe.newest_profile(lm.identity, args.kind).profile
     runs = ranks.mine(range(1 + 2 * len(set(args.k))))          # baseline, top-k and random-k: those run here
     trials = len(items) * len(args.lengths) * len(depths) * len(runs)
     progress = tqdm_progress(trials, "ablate") if ranks.is_main else None     # bars on rank 0 only
     result = headprobe.run_ablation_on_ranks(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
-                                             ranks, args.seed, args.max_new_tokens, not args.no_chat_template,
+                                             ranks, args.seed, args.max_new_tokens, chat_template,
                                              progress, log_path=log, resume=args.resume, force=args.force)
     if result is None:
         rank_note(ranks, f"{len(runs)} runs; log {mine}")

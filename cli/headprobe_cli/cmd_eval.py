@@ -10,11 +10,14 @@ from headprobe import HeadprobeError
 
 from .common_args import (
     add_loading_arguments,
+    add_prompt_format_arguments,
     add_rerun_arguments,
+    chat_template_wanted,
     figure_path,
     load_model,
     rank_note,
     rank_progress,
+    resolve_prompt_format,
 )
 from .progress import tqdm_progress
 
@@ -60,7 +63,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--limit", type=int, default=None, help="first N dataset rows")
     p.add_argument("--max-length", type=int, default=4000, help="--task dataset: cut prompts to this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--no-chat-template", action="store_true")
+    add_prompt_format_arguments(p)
     p.add_argument("--no-shared-prefill", action="store_true",
                    help="run every setting's prompt forward separately (default: one forward per prompt serves "
                         "every setting whose policy prefills with plain attention; same answers)")
@@ -102,6 +105,7 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     settings = headprobe.expand_settings(args.settings, args.capacities, headprobe.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    chat_template = chat_template_wanted(args)
     for s in settings:   # bad policy options fail before the model loads
         s.check_policy()
     out = Path(args.out)
@@ -139,17 +143,18 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
     haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
     lm = load_model(args, ranks)
+    resolve_prompt_format(args, lm.tokenizer)
     if examples is not None:
         progress = _lazy_progress(len(ranks.mine(examples)) * len(settings), "eval")
         result = headprobe.run_dataset_eval_on_ranks(lm, examples, settings, out, ranks, args.max_length,
                                                      args.max_new_tokens, str(args.dataset),
-                                                     not args.no_chat_template, args.resume, args.force,
+                                                     chat_template, args.resume, args.force,
                                                      rank_progress(ranks, progress), figures=figures)
     else:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint
         request = headprobe.EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
-                                        args.max_new_tokens, not args.no_chat_template,
+                                        args.max_new_tokens, chat_template,
                                         share_prefill=not args.no_shared_prefill)
         groups = ranks.mine(range(len(args.lengths) * len(depths)))     # the (length, depth) groups run here
         progress = _lazy_progress(len(items) * len(settings) * len(groups), "eval")

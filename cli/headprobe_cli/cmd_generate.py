@@ -8,7 +8,17 @@ import sys
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import LazyChoices, add_loading_arguments, load_model
+from .common_args import (
+    LazyChoices,
+    add_loading_arguments,
+    add_prompt_format_arguments,
+    chat_template_wanted,
+    load_model,
+    resolve_prompt_format,
+)
+
+#: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
+FLAGS = {"chat_template=False": "--no-chat"}
 
 
 def register(sub, formatter) -> None:
@@ -34,7 +44,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, repeatable (e.g. window=16, key_merge=zip)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
+    add_prompt_format_arguments(p, plain_flag="--no-chat", plain_help="the prompt as written")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
                    help="Triton kernels or the PyTorch path")
     p.set_defaults(func=run)
@@ -63,16 +73,14 @@ def prompt_token_count(lm, prompt: str, chat: bool) -> int:
     return len(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
 
 
-def check_prompt_fits(lm, prompt: str, args: argparse.Namespace) -> None:
+def check_prompt_fits(lm, prompt: str, chat: bool, args: argparse.Namespace) -> None:
     """Refuse a prompt that, with the tokens to generate, runs past the model's context (as ``profile``
-    refuses lengths beyond it): the positions past it were never trained and the answer means nothing."""
-    if not args.no_chat and not getattr(lm.tokenizer, "chat_template", None):
-        raise HeadprobeError(f"--model {args.model}: its tokenizer has no chat template to wrap the prompt in; pass "
-                             "--no-chat to give the prompt as it is")
+    refuses lengths beyond it): the positions past it were never trained and the answer means nothing.
+    ``chat``: whether the prompt is wrapped in the chat template (the resolved ``--prompt-format``)."""
     context = lm.identity.max_context
     if not context:
         return
-    tokens = prompt_token_count(lm, prompt, chat=not args.no_chat)
+    tokens = prompt_token_count(lm, prompt, chat=chat)
     if tokens + args.max_new_tokens > context:
         source = f"--prompt-file {args.prompt_file}" if args.prompt_file else "the prompt"
         raise HeadprobeError(
@@ -86,6 +94,7 @@ def _mib(n: int) -> str:
 
 def run(args: argparse.Namespace) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    chat_template_wanted(args)                   # a contradiction fails before the model loads
     if args.capacity is not None:
         headprobe.check_count("capacity", args.capacity)
     if args.ratio is not None and not 0 < args.ratio <= 1:      # before the model loads
@@ -96,10 +105,11 @@ def run(args: argparse.Namespace) -> int:
     budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
-    check_prompt_fits(lm, prompt, args)
+    form = resolve_prompt_format(args, lm.tokenizer)
+    check_prompt_fits(lm, prompt, form == "chat", args)
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
-                                        chat=not args.no_chat)
+                                        chat=form == "chat")
     print(res.texts[0].strip())
     cache = res.cache
     kept = cache.kept_tokens()

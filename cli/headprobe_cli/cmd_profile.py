@@ -11,10 +11,13 @@ import headprobe
 from .common_args import (
     LazyChoices,
     add_loading_arguments,
+    add_prompt_format_arguments,
     add_rerun_arguments,
+    chat_template_wanted,
     load_model,
     rank_note,
     rank_progress,
+    resolve_prompt_format,
 )
 from .progress import tqdm_progress
 
@@ -133,7 +136,7 @@ def register(sub, formatter) -> None:
                         "$HEADPROBE_DATA/profiles or ~/.local/share/headprobe/profiles, where allocate and eval "
                         "look first; never the shipped profiles)")
     p.add_argument("--name", help="file-name stem (default: the model alias)")
-    p.add_argument("--no-chat-template", action="store_true", help="do not apply the model's chat template")
+    add_prompt_format_arguments(p)
     p.add_argument("--pass-option", action="append", default=[], metavar="PASS.FIELD=VALUE",
                    help="an option of a probe pass that declares its own (repeatable)")
     add_rerun_arguments(p, log="its trial logs", replaced="existing trial logs and profiles")
@@ -196,7 +199,7 @@ def _request(args, out_dir: Path):
         probes=probes, lengths=args.lengths,
         depths=grids.parse_depths(args.depths) if args.depths else None, grid=str(args.grid), out_dir=out_dir,
         mode=args.mode, seeds=list(args.seeds), needle_files=[Path(p) for p in args.needle_file],
-        needle_ids=args.needles, haystack=args.haystack, chat_template=not args.no_chat_template,
+        needle_ids=args.needles, haystack=args.haystack, chat_template=chat_template_wanted(args),
         batch_size=int(args.batch_size), gate=str(args.gate), group_reduction=str(args.group_reduction),
         tasks=args.tasks, samples_per_task=args.samples_per_task,
         retention=headprobe.RetentionConfig(max_tokens=int(args.retention_max_tokens)), resume=args.resume,
@@ -258,6 +261,7 @@ def _profile(args, ranks, out_dir: Path) -> int:
     # Everything that can be checked without the model, and what would be replaced, is settled before it loads.
     plan = headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
     loaded = load_model(args, ranks)
+    resolve_prompt_format(args, loaded.tokenizer)
     run = plan.resolve(loaded, version=headprobe.__version__)
     if ranks.is_main:
         _describe(args, run, loaded, ranks, out_dir)

@@ -1,5 +1,6 @@
-"""Arguments several commands share, defined once: the model and how to load it, and what to do with the
-files an earlier run left (``--resume``, ``--force``)."""
+"""Arguments several commands share, defined once: the model and how to load it, the form prompts are
+rendered in (``--prompt-format``), and what to do with the files an earlier run left (``--resume``,
+``--force``)."""
 
 from __future__ import annotations
 
@@ -49,6 +50,40 @@ def load_model(args: argparse.Namespace, ranks: hp.Ranks | None = None) -> hp.Lo
     with ranks.local_main_first() if ranks is not None else contextlib.nullcontext():
         return hp.load_model(args.model, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
                              max_memory=max_memory, offload_folder=args.offload_folder)
+
+
+#: What ``--prompt-format plain`` renders, for the commands that build the prompts themselves.
+PLAIN_HELP = "the document, the question and the answer cue 'Answer:' at the end (base models)"
+
+
+def add_prompt_format_arguments(parser: argparse.ArgumentParser, plain_flag: str = "--no-chat-template",
+                                plain_help: str = PLAIN_HELP) -> None:
+    """``--prompt-format {auto,chat,plain}`` and its older spelling of ``plain`` (``--no-chat-template``; the
+    ``generate`` command's ``--no-chat``).
+
+    Parameters
+    ----------
+    plain_flag
+        The switch that means ``--prompt-format plain``.
+    plain_help
+        What the plain form is, for the command's help.
+    """
+    parser.add_argument("--prompt-format", choices=hp.PROMPT_FORMATS, default="auto",
+                        help=f"chat: the model's chat template; plain: {plain_help}; auto (default): chat when "
+                             "the tokenizer has a chat template, else plain")
+    parser.add_argument(plain_flag, dest="no_chat_template", action="store_true", help="same as --prompt-format plain")
+
+
+def chat_template_wanted(args: argparse.Namespace) -> bool:
+    """The library's ``chat_template`` switch for :func:`add_prompt_format_arguments`' arguments; a
+    contradiction (``--prompt-format chat`` with ``--no-chat-template``) is refused before the model loads."""
+    return hp.wants_chat_template(args.prompt_format, not args.no_chat_template)
+
+
+def resolve_prompt_format(args: argparse.Namespace, tokenizer: Any) -> str:
+    """The form the run uses (``"chat"`` or ``"plain"``) once the model is loaded; ``--prompt-format chat``
+    for a tokenizer without a chat template is refused here, before any work."""
+    return hp.resolve_prompt_format(tokenizer, args.prompt_format, not args.no_chat_template)
 
 
 def rank_progress(ranks: hp.Ranks, progress: Callable[..., Any] | None) -> Callable[..., Any] | None:

@@ -247,6 +247,7 @@ def plan_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: li
     """
     from .. import __version__
     from ..haystack.context import build_context
+    from ..haystack.prompt_format import prompt_format_of
     from ..limits import check_count
 
     check_count("max_new_tokens", max_new_tokens)
@@ -268,6 +269,7 @@ def plan_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: li
     settings = {"model": lm.identity.fingerprint, "profile": profile.fingerprint, "ks": list(ks),
                 "items": [i.id for i in items], "lengths": list(lengths), "depths": list(depths), "seed": seed,
                 "max_new_tokens": max_new_tokens, "chat_template": chat_template,
+                "prompt_format": prompt_format_of(lm.tokenizer, chat_template),
                 "haystack": haystack.fingerprint, "headprobe_version": __version__}
     grid = {"lengths": list(lengths), "depths": list(depths), "items": [i.id for i in items]}
     return AblationPlan(profile, list(ks), [p[0] for p in pairs], [p[1] for p in pairs], runs, grid, seed,
@@ -323,7 +325,8 @@ def ablation_result(lm: Any, plan: AblationPlan, done: dict[str, dict[str, Any]]
     return {"format": "headprobe.ablation", "version": 1, "headprobe_version": __version__,
             "created": datetime.now(timezone.utc).isoformat(timespec="seconds"), "model": lm.identity.to_json(),
             "profile_kind": profile.kind, "profile_fingerprint": profile.fingerprint, "grid": plan.grid,
-            "seed": plan.seed, "baseline_accuracy": done["baseline"]["accuracy"],
+            "seed": plan.seed, "prompt_format": plan.log_settings["prompt_format"],
+            "baseline_accuracy": done["baseline"]["accuracy"],
             "baseline_trials": done["baseline"]["trials"], "rows": rows}
 
 
@@ -340,7 +343,8 @@ def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: lis
     Returns
     -------
     dict
-        ``format: "headprobe.ablation"``, ``version: 1``; ``baseline_accuracy``; ``rows`` with ``k``,
+        ``format: "headprobe.ablation"``, ``version: 1``; ``prompt_format`` (``"chat"`` or ``"plain"``);
+        ``baseline_accuracy``; ``rows`` with ``k``,
         ``top_heads``, ``top_accuracy``, ``random_heads``, ``random_accuracy`` and the trials.
     """
     plan = plan_ablation(lm, profile, ks, items, lengths, depths, haystack, seed, max_new_tokens, chat_template)

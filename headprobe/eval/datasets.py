@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, param
+from ..haystack.prompt_format import ANSWER_CUE, plain_question, prompt_format_of
 from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
@@ -121,9 +122,17 @@ def open_dataset(source: Any, split: str = "test", what: str = "source") -> tupl
 
 
 def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template: bool = True) -> list[int]:
-    """Prompt token ids; a context too long for ``max_length`` is cut in the middle (LongBench's way)."""
+    """Prompt token ids; a context too long for ``max_length`` is cut in the middle (LongBench's way).
+
+    Under the chat template the question comes before the answer instruction; the plain form
+    (:mod:`headprobe.haystack.prompt_format`) puts the instruction first and ends with the answer cue.
+    """
     head = "Read the text below and answer the question.\n\n"
-    tail = f"\n\nQuestion: {ex.question}\nAnswer in a short phrase, based on the text above."
+    instruction = "Answer in a short phrase, based on the text above."
+    if prompt_format_of(tokenizer, chat_template) == "plain":
+        tail = f"\n\n{plain_question(instruction, ex.question)}{ANSWER_CUE}"
+    else:
+        tail = f"\n\nQuestion: {ex.question}\n{instruction}"
 
     def render(context: str) -> list[int]:
         text = head + context + tail
@@ -138,11 +147,14 @@ def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template:
         return ids
     ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"]
     keep = len(ctx) - (len(ids) - max_length) - 2
-    if keep <= 0:
-        raise HeadprobeError(f"{param('max_length', max_length)}: too short for the question of row {ex.id}")
-    cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
-    ids = render(cut)
-    return ids[:max_length] if len(ids) > max_length else ids
+    while True:     # decoding and re-tokenising the cut may add a token or two: cut more, never the question
+        if keep <= 0:
+            raise HeadprobeError(f"{param('max_length', max_length)}: too short for the question of row {ex.id}")
+        cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
+        ids = render(cut)
+        if len(ids) <= max_length:
+            return ids
+        keep -= len(ids) - max_length
 
 
 def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
@@ -179,9 +191,11 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
             "max_length": max_length}
+    form = prompt_format_of(lm.tokenizer, chat_template)
     cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
-                    {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens},
+                    {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens, "prompt_format": form},
                     resume=resume, force=force, figures=figures)
+    cells.result.extra["prompt_format"] = form
     with cells:
         for s in settings:
             if cells.resumed(cell_id(s, max_length, None)):

@@ -21,6 +21,7 @@ import torch
 from ..errors import HeadprobeError, param
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
+from ..haystack.prompt_format import prompt_format_of
 from ..limits import check_count
 from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
@@ -46,6 +47,10 @@ class EvalRequest:
         The text the needles are hidden in.
     task
         Description written into the result (kind, needle file, fingerprints).
+    chat_template
+        Render prompts with the tokenizer's chat template when it has one; otherwise (and for a model
+        without one) the plain form that ends with the answer cue (:mod:`headprobe.haystack.prompt_format`).
+        The result and its cell log record which (``prompt_format``).
     share_prefill
         Run each prompt's forward once for every setting whose policy prefills with plain attention
         (:mod:`headprobe.runtime.shared_prefill`; same answers and bytes, far less time); KeyDiff's
@@ -256,13 +261,18 @@ def check_request(request: EvalRequest) -> None:
 
 def open_cell_log(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False,
                   force: bool = False, figures: Sequence[str | Path] = ()) -> CellLog:
-    """The grid's :class:`~headprobe.eval.cell_log.CellLog`, with what a resumed grid must share."""
+    """The grid's :class:`~headprobe.eval.cell_log.CellLog`, with what a resumed grid must share; the log
+    and the result record the prompt form (``prompt_format``: ``"chat"`` or ``"plain"``)."""
+    form = prompt_format_of(lm.tokenizer, request.chat_template)
     log_settings = {"haystack": request.haystack.fingerprint, "items": [i.id for i in request.items],
                     "lengths": list(request.lengths), "depths": list(request.depths),
-                    "max_new_tokens": request.max_new_tokens, "chat_template": request.chat_template}
+                    "max_new_tokens": request.max_new_tokens, "chat_template": request.chat_template,
+                    "prompt_format": form}
     grid = {"lengths": list(request.lengths), "depths": list(request.depths)}
-    return CellLog(lm, out, request.task, grid, request.settings, log_settings, resume=resume, force=force,
-                   figures=figures)
+    cells = CellLog(lm, out, request.task, grid, request.settings, log_settings, resume=resume, force=force,
+                    figures=figures)
+    cells.result.extra["prompt_format"] = form
+    return cells
 
 
 def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings: list[EvalSetting],

@@ -1,7 +1,8 @@
 """Building a trial's prompt: haystack cut to a length in model tokens, needle at a depth, answer span.
 
 The needle is inserted at the requested depth moved back to the previous sentence start, the prompt is
-rendered with the model's chat template (when it has one and it is wanted) and tokenised once; the
+rendered in one of two forms (:mod:`headprobe.haystack.prompt_format`: the model's chat template when it
+has one and it is wanted, else plain text ending with the answer cue ``Answer:``) and tokenised once; the
 answer span and the question span are located by mapping character offsets to tokens through the
 tokenizer's offset mapping, so they are exact even when tokens merge across a boundary. The question
 span says where the question ends relative to the last prompt token (what an observation window of the
@@ -18,6 +19,7 @@ from functools import lru_cache
 from ..errors import HeadprobeError, param
 from .corpus import Haystack
 from .needles import Needle
+from .prompt_format import ANSWER_CUE, plain_question, prompt_format_of
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+")
 
@@ -29,7 +31,8 @@ class TrialContext:
     Attributes
     ----------
     input_ids
-        Prompt token ids (chat template applied), ending where the model's response starts.
+        Prompt token ids (chat template applied, or the plain form's answer cue), ending where the model's
+        response starts.
     text
         The rendered prompt.
     answer_span
@@ -41,11 +44,14 @@ class TrialContext:
     depth
         Requested depth in [0, 1]; ``actual_depth`` is where the needle landed (share of haystack chars).
     response_prefix
-        Text appended after the rendered prompt to start the response (reasoning needles).
+        Text appended after the rendered prompt to start the response: the answer cue ``Answer:`` of the
+        plain form, ``The answer is:`` after the chat template for reasoning needles, else empty.
     question_span
         ``(start, end)`` token positions of the question asked after the document (the needle's or the
         item's question sentence, without the ``Question:`` label and the answer instruction);
         ``(0, 0)`` when there is none.
+    prompt_format
+        ``"chat"`` or ``"plain"`` (:mod:`headprobe.haystack.prompt_format`).
     """
 
     input_ids: list[int]
@@ -58,6 +64,7 @@ class TrialContext:
     actual_depth: float
     response_prefix: str = ""
     question_span: tuple[int, int] = (0, 0)
+    prompt_format: str = "chat"
 
     @property
     def length(self) -> int:
@@ -66,8 +73,9 @@ class TrialContext:
     @property
     def after_question(self) -> int:
         """Prompt tokens after the question's last token: the answer instruction, the chat template's end
-        (``<|im_end|>``, ``<|im_start|>assistant`` ...) and any response prefix. A window of the last ``w``
-        tokens sees the question only when ``w > after_question``."""
+        (``<|im_end|>``, ``<|im_start|>assistant`` ...) and any response prefix; in the plain form only the
+        line break and the cue ``Answer:``. A window of the last ``w`` tokens sees the question only when
+        ``w > after_question``."""
         self._check_question()
         return self.length - self.question_span[1]
 
@@ -83,21 +91,41 @@ class TrialContext:
             raise HeadprobeError("this prompt has no question to measure a window from")
 
 
-def question_prompt(needle: Needle | None, question: str | None = None) -> str:
-    """The text after the document: the question and how to answer."""
-    q = question if question is not None else (needle.question if needle else "")
+def answer_instruction(needle: Needle | None) -> str:
+    """How to answer: with one of a reasoning needle's two candidates, else in a short phrase."""
     if needle is not None and needle.kind == "reasoning":
         c1, c2 = needle.candidates
-        return f"Question: {q}\nAnswer with {c1} or {c2} only, based on the document above."
-    return f"Question: {q}\nAnswer in a short phrase, based on the document above."
+        return f"Answer with {c1} or {c2} only, based on the document above."
+    return "Answer in a short phrase, based on the document above."
 
 
-#: Start of the model's response for reasoning needles, so a small model names a candidate at once
-#: instead of restating the question ("The older person ...").
+#: The label before the question in both forms.
+QUESTION_LABEL = "Question: "
+
+
+def question_prompt(needle: Needle | None, question: str | None = None, prompt_format: str = "chat") -> str:
+    """The text after the document: the question and how to answer.
+
+    Chat form: ``Question: <q>`` then the instruction. Plain form: the instruction, then ``Question: <q>``
+    and a line break; the cue (:func:`response_prefix`) follows.
+    """
+    q = question if question is not None else (needle.question if needle else "")
+    if prompt_format == "plain":
+        return plain_question(answer_instruction(needle), q)
+    return f"{QUESTION_LABEL}{q}\n{answer_instruction(needle)}"
+
+
+#: Start of the model's response for reasoning needles under a chat template, so a small model names a
+#: candidate at once instead of restating the question ("The older person ..."). The plain form's answer
+#: cue does the same for every needle.
 REASONING_RESPONSE_PREFIX = "The answer is:"
 
 
-def response_prefix(needle: Needle | None) -> str:
+def response_prefix(needle: Needle | None, prompt_format: str = "chat") -> str:
+    """Text after the rendered prompt that starts the response: the plain form's answer cue; under a chat
+    template, ``The answer is:`` for reasoning needles and nothing otherwise."""
+    if prompt_format == "plain":
+        return ANSWER_CUE
     return REASONING_RESPONSE_PREFIX if needle is not None and needle.kind == "reasoning" else ""
 
 
@@ -119,6 +147,23 @@ def render_prompt(tokenizer, user_text: str, chat_template: bool) -> tuple[str, 
                                  "render the prompt without the chat template")
         return text, offset, False
     return user_text, 0, True
+
+
+def render_instruction_prompt(tokenizer, document: str, instruction: str, chat_template: bool) -> tuple[str, bool]:
+    """A document followed by an instruction (the layer-retention task prompts), in the prompt's form.
+
+    Chat form: ``document + "\\n\\n" + instruction`` as the user's turn. Plain form: the same text, then the
+    answer cue on a line of its own.
+
+    Returns
+    -------
+    text, add_special_tokens
+        As :func:`render_prompt`.
+    """
+    text, _, add_special = render_prompt(tokenizer, f"{document}\n\n{instruction}", chat_template)
+    if prompt_format_of(tokenizer, chat_template) == "plain":
+        text += f"\n{ANSWER_CUE}"
+    return text, add_special
 
 
 @lru_cache(maxsize=8)
@@ -163,7 +208,8 @@ def build_context(
     depth
         Where the needle goes, 0 (start of the haystack) to 1 (end).
     chat_template
-        Apply the tokenizer's chat template when it has one.
+        Apply the tokenizer's chat template when it has one; otherwise the prompt is plain text that ends
+        with the answer cue ``Answer:`` (:mod:`headprobe.haystack.prompt_format`).
     max_context
         The model's context; lengths beyond it are refused.
 
@@ -179,12 +225,18 @@ def build_context(
     text = haystack.text
     offsets = _haystack_tokens(tokenizer, text)
     asked = question if question is not None else (needle.question if needle else "")
-    qtext = question_prompt(needle, question)
+    form = prompt_format_of(tokenizer, chat_template)
+    qtext = question_prompt(needle, question, form)
     empty, _, add_special = render_prompt(tokenizer, f"\n\n{qtext}", chat_template)
-    overhead = len(tokenizer(empty, add_special_tokens=add_special)["input_ids"])
-    if needle is not None:
-        overhead += len(tokenizer(" " + needle.needle + response_prefix(needle),
-                                  add_special_tokens=False)["input_ids"]) + 1
+    if form == "plain":       # the cue ends every plain prompt, with or without a needle
+        overhead = len(tokenizer(empty + ANSWER_CUE, add_special_tokens=add_special)["input_ids"])
+        if needle is not None:
+            overhead += len(tokenizer(" " + needle.needle, add_special_tokens=False)["input_ids"]) + 1
+    else:
+        overhead = len(tokenizer(empty, add_special_tokens=add_special)["input_ids"])
+        if needle is not None:
+            overhead += len(tokenizer(" " + needle.needle + response_prefix(needle),
+                                      add_special_tokens=False)["input_ids"]) + 1
     budget = length - overhead
     if budget <= 0:
         raise HeadprobeError(f"{param('lengths', length)}: too short for the prompt around the haystack "
@@ -200,7 +252,7 @@ def build_context(
         if cut == 0:
             cut = offsets[budget - 1][1]
         body = text[:cut].rstrip()
-        context = _assemble(tokenizer, body, needle, depth, qtext, chat_template, length, asked)
+        context = _assemble(tokenizer, body, needle, depth, qtext, chat_template, length, asked, form)
         if context.length <= length and (best is None or context.length > best.length):
             best = context
         if best is not None and length - best.length <= 16:
@@ -215,7 +267,7 @@ def build_context(
 
 
 def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: str, chat_template: bool,
-              length: int, asked: str = "") -> TrialContext:
+              length: int, asked: str = "", form: str = "chat") -> TrialContext:
     if needle is None:
         document, needle_at, actual = body, None, depth
     else:
@@ -230,31 +282,35 @@ def _assemble(tokenizer, body: str, needle: Needle | None, depth: float, qtext: 
         actual = needle_at / max(1, len(body))
     user_text = f"{document}\n\n{qtext}"
     text, offset, add_special = render_prompt(tokenizer, user_text, chat_template)
-    prefix = response_prefix(needle)
+    prefix = response_prefix(needle, form)
     text += prefix
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
     offsets = [tuple(o) for o in enc["offset_mapping"]]
     question_span = (0, 0)
     if asked.strip():
-        q_start = offset + len(document) + 2 + qtext.index(asked)        # user_text = document + "\n\n" + qtext
+        # user_text = document + "\n\n" + qtext, and qtext holds "Question: " + asked
+        q_start = offset + len(document) + 2 + qtext.index(QUESTION_LABEL + asked) + len(QUESTION_LABEL)
         question_span = chars_to_tokens(offsets, q_start, q_start + len(asked))
     if needle is None:
-        return TrialContext(ids, text, (0, 0), (0, 0), (0, 0), length, depth, actual, question_span=question_span)
+        return TrialContext(ids, text, (0, 0), (0, 0), (0, 0), length, depth, actual, prefix,
+                            question_span=question_span, prompt_format=form)
     needle_start = offset + needle_at
     answer_start = needle_start + needle.answer_offset
     answer_chars = (answer_start, answer_start + len(needle.answer))
     answer_span = chars_to_tokens(offsets, *answer_chars)
     needle_span = chars_to_tokens(offsets, needle_start, needle_start + len(needle.needle))
     return TrialContext(ids, text, answer_span, needle_span, answer_chars, length, depth, actual, prefix,
-                        question_span)
+                        question_span, form)
 
 
 def response_tokens(tokenizer, context: TrialContext, answer: str) -> list[int]:
-    """Token ids of ``answer`` as the model's response continues the prompt.
+    """Token ids of ``answer`` as the model's response continues the prompt: the response the probes score,
+    which starts after the prompt's last token (the plain form's cue ``Answer:``, or the chat template's
+    generation prompt).
 
-    After a response prefix ("The answer is") the answer follows a space; tokenising prefix and answer
-    together and dropping the prefix's tokens gives the ids a model would produce there.
+    After a response prefix ("Answer:", "The answer is:") the answer follows a space; tokenising prefix and
+    answer together and dropping the prefix's tokens gives the ids a model would produce there.
     """
     if not context.response_prefix:
         return list(tokenizer(answer, add_special_tokens=False)["input_ids"])

@@ -22,6 +22,7 @@ from typing import Any
 
 from ..errors import HeadprobeError, param
 from .context import TrialContext, chars_to_tokens, question_prompt, render_prompt, response_prefix
+from .prompt_format import prompt_format_of
 
 #: The roles a field name can be given for, and their defaults.
 FIELD_ROLES = {"context": "context", "question": "question", "answer": "answer", "answer_offset": None, "id": None}
@@ -360,10 +361,11 @@ def document_prompt(tokenizer: Any, example: ContextExample, chat_template: bool
         When the chat template changes the text (the answer could not be located).
     """
     asked = example.question if question is None else question
-    qtext = question_prompt(None, asked)
+    form = prompt_format_of(tokenizer, chat_template)
+    qtext = question_prompt(None, asked, form)
     user_text = f"{example.context}\n\n{qtext}"
     text, offset, add_special = render_prompt(tokenizer, user_text, chat_template)
-    prefix = response_prefix(None)
+    prefix = response_prefix(None, form)
     text += prefix
     enc = tokenizer(text, add_special_tokens=add_special, return_offsets_mapping=True)
     ids = list(enc["input_ids"])
@@ -375,5 +377,5 @@ def document_prompt(tokenizer: Any, example: ContextExample, chat_template: bool
     q_start = after + qtext.index(asked)
     question_span = chars_to_tokens(offsets, q_start, q_start + len(asked))
     trial = TrialContext(ids, text, answer_span, answer_span, answer_chars, len(ids), 0.0, 0.0, prefix,
-                         question_span)
+                         question_span, form)
     return DocumentPrompt(trial, query_start)

@@ -21,6 +21,7 @@ from ..errors import HeadprobeError, param
 from ..files.jsonio import check_writable_dir
 from ..files.log_lock import LogLock
 from ..files.overwrite import check_overwrite
+from ..haystack.prompt_format import prompt_format_of
 from ..paths import user_profiles_dir
 from .inputs import RunInputs
 from .outputs import ProfileOutputs, log_path, profile_made_by_log, profile_path, profile_stem
@@ -74,6 +75,7 @@ class ProfilePlan:
         grid = resolve_grid(request.grid, request.lengths, request.depths, loaded.device.type == "cuda",
                             loaded.identity.max_context)
         common = {"model": loaded.identity.to_json(), "mode": request.mode, "chat_template": request.chat_template,
+                  "prompt_format": prompt_format_of(loaded.tokenizer, request.chat_template),
                   "headprobe_version": version, "group_reduction": request.group_reduction}
         context = RunContext(request, grid, common)
         runs = tuple(PassRun(p, context, p.steps.settings(loaded, p, context)) for p in self.passes)

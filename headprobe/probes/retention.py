@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from ..attention import RowRecorder, RowRequest, pooled_window_scores
-from ..haystack.context import render_prompt
+from ..haystack.context import render_instruction_prompt
 from ..haystack.tasks import TaskSample
 
 
@@ -34,7 +34,7 @@ class RetentionConfig:
     max_tokens
         Prompts longer than this are cut (context truncated, instruction kept).
     chat_template
-        Apply the model's chat template.
+        Apply the model's chat template (else the plain form, which ends with the answer cue).
     """
 
     window: int = 8
@@ -48,7 +48,7 @@ def task_prompt_ids(tokenizer, sample: TaskSample, config: RetentionConfig) -> l
     """Token ids of a task sample, with the context cut so the prompt fits ``max_tokens``."""
     context = sample.context
     for _ in range(6):
-        text, _, add_special = render_prompt(tokenizer, f"{context}\n\n{sample.instruction}", config.chat_template)
+        text, add_special = render_instruction_prompt(tokenizer, context, sample.instruction, config.chat_template)
         ids = tokenizer(text, add_special_tokens=add_special)["input_ids"]
         if len(ids) <= config.max_tokens:
             return list(ids)

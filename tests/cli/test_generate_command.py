@@ -108,7 +108,9 @@ def test_generate_refuses_a_ratio_out_of_range_before_the_model_loads(monkeypatc
 
 
 def test_generate_refuses_a_chat_prompt_for_a_tokenizer_without_a_chat_template(tiny_dir, capsys):
-    assert main(["generate", "--model", str(tiny_dir), "--device", "cpu", "hello"]) == 2
+    assert main(["generate", "--model", str(tiny_dir), "--device", "cpu", "--prompt-format", "chat", "hello"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
-        (f"headprobe: error: --model {tiny_dir}: its tokenizer has no chat template to wrap the prompt in; pass "
-         "--no-chat to give the prompt as it is")]
+        ("headprobe: error: --prompt-format chat: the model's tokenizer has no chat template (a base model); use "
+         "--prompt-format plain or --prompt-format auto")]
+    # auto (the default) gives such a model the prompt as written
+    assert main(["generate", "--model", str(tiny_dir), "--device", "cpu", "--max-new-tokens", "2", "hello"]) == 0

@@ -128,6 +128,11 @@ CASES = [
     ("profile --probe retrieval --needle-file {reasoning}", ["--needle-file", "reasoning.jsonl",
                                                              "only reasoning needles"]),
     ("profile --needle-file {retrieval} --needle-file {retrieval}", ["--needle-file", "given twice"]),
+    # prompt forms that contradict each other (a model without a chat template: tests/cli/test_prompt_format_flag.py)
+    ("profile --prompt-format chat --no-chat-template --out-dir {d}/p", ["--prompt-format chat and --no-chat-template"]),
+    ("eval --prompt-format chat --no-chat-template --out {d}/e/e.json", ["--prompt-format chat and --no-chat-template"]),
+    ("ablate --prompt-format chat --no-chat-template --out {d}/a/a.json", ["--prompt-format chat and --no-chat-template"]),
+    ("generate --prompt-format chat --no-chat hello", ["--prompt-format chat and --no-chat contradict"]),
 ]
 
 

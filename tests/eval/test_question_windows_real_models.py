@@ -1,8 +1,8 @@
 """Where the question ends in the needle prompts of the shipped models, and what observation windows see.
 
 SmolLM2-135M-Instruct renders prompts with its chat template; Gemma 3 270M (a base model) has none, so its
-prompt is the plain text (plus the response prefix of reasoning needles). The tokens after the question
-are checked against the instruction and the template's end tokenised on their own.
+prompt is the plain form, whose question is followed only by the answer cue. The tokens after the question
+are checked against the instruction, the template's end and the response prefix tokenised on their own.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 import headprobe
 from headprobe import HeadprobeError
 from headprobe.eval import expand_settings
-from headprobe.haystack.context import REASONING_RESPONSE_PREFIX, build_context, question_prompt
+from headprobe.haystack.context import build_context, question_prompt, response_prefix
 
 pytestmark = pytest.mark.slow
 
@@ -39,9 +39,9 @@ def _check_tail(tok, needle, template_end: str):
     ctx = build_context(tok, headprobe.load_haystack(), needle, 1000, 0.5, chat_template=True)
     s, e = ctx.question_span
     assert tok.decode(ctx.input_ids[s:e]).strip() == needle.question
-    after = question_prompt(needle).split(needle.question, 1)[1] + template_end
-    if needle.kind == "reasoning":
-        after += REASONING_RESPONSE_PREFIX
+    form = ctx.prompt_format
+    after = question_prompt(needle, prompt_format=form).split(needle.question, 1)[1] + template_end
+    after += response_prefix(needle, form)
     assert ctx.input_ids[e:] == tok(after, add_special_tokens=False)["input_ids"]
     assert ctx.after_question == len(ctx.input_ids) - e and ctx.question_window == len(ctx.input_ids) - s
     return ctx
@@ -61,9 +61,10 @@ def test_where_the_question_ends_under_smollm2s_chat_template(smollm2, kind):
 @pytest.mark.parametrize("kind", ["retrieval", "reasoning"])
 def test_where_the_question_ends_in_gemma3s_plain_prompt(gemma3, kind):
     tok = gemma3.tokenizer
-    assert not getattr(tok, "chat_template", None)        # base model: the prompt is the plain text
+    assert not getattr(tok, "chat_template", None)        # base model: the prompt is the plain form
     for needle in _needles(kind):
-        _check_tail(tok, needle, "")
+        ctx = _check_tail(tok, needle, "")
+        assert ctx.prompt_format == "plain" and tok.decode(ctx.input_ids[-ctx.after_question:]) == "\nAnswer:"
 
 
 def test_default_snapkv_window_covers_the_question_of_a_templated_needle_prompt(smollm2):

@@ -90,13 +90,15 @@ def test_capacities_pinned_after_at_replace_the_common_list():
 # ---- where the question is ---------------------------------------------------------------------------
 
 def test_question_span_holds_the_question_and_what_follows_it(tiny_llama):
-    """The span decodes to the question sentence; the tokens after it to the answer instruction."""
+    """The span decodes to the question sentence; in the plain form only the answer cue follows it."""
     tok = tiny_llama.tokenizer
     needle = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[0]
     ctx = build_context(tok, headprobe.load_haystack(), needle, 300, 0.5, chat_template=False)
     s, e = ctx.question_span
     assert tok.decode(ctx.input_ids[s:e]).strip() == needle.question
-    assert tok.decode(ctx.input_ids[e:]) == "\nAnswer in a short phrase, based on the document above."
+    assert tok.decode(ctx.input_ids[e:]) == "\nAnswer:"
+    assert ctx.text.endswith("Answer in a short phrase, based on the document above.\nQuestion: "
+                             f"{needle.question}\nAnswer:")
     assert ctx.after_question == ctx.length - e and ctx.question_window == ctx.length - s
     assert ctx.question_window == ctx.after_question + (e - s)
     # a question given by the item (bAbI, long generation) is measured the same way

@@ -20,6 +20,7 @@ from headprobe import (
     merge_profile_logs,
     run_profile,
 )
+from headprobe.haystack.context import response_tokens
 from headprobe.haystack.contexts import document_prompt, read_contexts
 from headprobe.probes.context_pass import ContextInput, example_needle
 from headprobe.probes.head_scores import copy_scores, reasoning_scores
@@ -117,7 +118,7 @@ def test_retrieval_scores_equal_a_direct_computation_in_any_batch(tiny_llama, tm
     for example in data.examples:
         prompt = document_prompt(tok, example, False)
         ids = prompt.input_ids
-        gold = tok(example_needle(example).answer, add_special_tokens=False)["input_ids"]
+        gold = response_tokens(tok, prompt.context, example_needle(example).answer)  # after the cue
         attn = _eager_attention(tiny_llama.model, ids + gold[:-1])
         start, end = prompt.context.answer_span
         steps = torch.arange(len(ids) - 1, len(ids) - 1 + len(gold))

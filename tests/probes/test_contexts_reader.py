@@ -9,7 +9,7 @@ import json
 import pytest
 
 from headprobe import HeadprobeError
-from headprobe.haystack.context import build_context
+from headprobe.haystack.context import build_context, question_prompt
 from headprobe.haystack.contexts import ContextFields, document_prompt, read_contexts
 from headprobe.haystack.corpus import Haystack
 
@@ -137,7 +137,9 @@ def test_the_prompt_locates_the_answer_and_the_query(tiny_llama, tmp_path, chat)
         q0, q1 = ctx.question_span
         assert tok.decode(ctx.input_ids[q0:q1]).strip() == example.question
         assert end <= prompt.query_start <= q0
-        assert "Question:" in tok.decode(ctx.input_ids[prompt.query_start:]).lstrip()[:12]
+        # the query is the question part of the prompt form (chat: the question first; plain: the instruction)
+        asked = question_prompt(None, example.question, "chat" if chat else "plain")
+        assert tok.decode(ctx.input_ids[prompt.query_start:]).lstrip().startswith(asked[:12])
         # the same text as the needle probes' prompt around a haystack that is the whole context
         tail = " More text follows here."
         haystack = Haystack("h", example.context + tail)
