@@ -20,7 +20,9 @@ def register(sub, formatter) -> None:
                "  headprobe generate --capacity 128 --policy snapkv \"Summarise: ...\"\n"
                "  headprobe generate --budget budgets/smollm2.headkv.json --policy keydiff "
                "--option block_size=128 \"...\"\n"
-               "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt")
+               "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt\n"
+               "  headprobe generate --setting \"headkv-r[window=32]@64\" \"...\"      # an eval setting\n"
+               "  headprobe generate --setting \"snapkv:tune/tune.c64.budget.json[window=32]\" \"...\"   # tune's")
     p.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file, or - for stdin)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
     add_loading_arguments(p)
@@ -33,6 +35,10 @@ def register(sub, formatter) -> None:
                    metavar="POLICY", help="which tokens to keep: %(choices)s")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, repeatable (e.g. window=16, key_merge=zip)")
+    p.add_argument("--setting", default=None, metavar="SETTING",
+                   help="an eval setting (a preset, POLICY:ALLOCATION:PROFILE[options]@CAPACITY or POLICY:MAP.json"
+                        "[options], e.g. the setting string headprobe tune writes) instead of --policy, --option, "
+                        "--budget, --ratio and --capacity")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--no-chat", action="store_true", help="do not wrap the prompt in the chat template")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
@@ -58,16 +64,53 @@ def _mib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
 
+def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
+    """The eval setting ``--setting`` names, checked before the model loads.
+
+    Raises
+    ------
+    HeadprobeError
+        ``--setting`` with a flag it replaces, a bad setting, one without a capacity (give ``@N``), or one
+        whose window is the question (a prompt here has no question the harness placed).
+    """
+    given = [flag for flag, value in (("--policy", args.policy != "snapkv"), ("--option", args.option),
+                                      ("--budget", args.budget), ("--ratio", args.ratio),
+                                      ("--capacity", args.capacity is not None)) if value]
+    if given:
+        raise HeadprobeError(f"--setting {args.setting}: it names the policy, its options and the budget; drop "
+                             f"{', '.join(given)}")
+    from headprobe.eval.settings import MAP_ALLOCATION, parse_setting, split_capacities
+
+    spec, pinned = split_capacities(args.setting)
+    parsed = parse_setting(spec)
+    if parsed.policy != "full" and parsed.allocation != MAP_ALLOCATION and pinned is None:
+        raise HeadprobeError(f"--setting {args.setting}: give its capacity after @ (e.g. {spec}@64)")
+    setting = headprobe.EvalSetting.parse(args.setting)
+    if setting.question_window:
+        raise HeadprobeError(f"--setting {args.setting}: window=question needs a prompt whose question the eval "
+                             "harness placed; give a window in tokens")
+    setting.check_policy()
+    return setting
+
+
 def run(args: argparse.Namespace) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     if args.capacity is not None:
         headprobe.check_count("capacity", args.capacity)
+    setting = _setting(args) if args.setting is not None else None
     prompt = _prompt(args)
-    options = headprobe.parse_policy_options(args.option)
-    policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
-    budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
+    if setting is None:
+        options = headprobe.parse_policy_options(args.option)
+        policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
+        budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
+    if setting is not None:
+        from headprobe.eval.runner import resolve_budget
+
+        policy = headprobe.make_policy(setting.policy, **setting.options)
+        budget = resolve_budget(lm, setting)
+        args.policy = setting.policy
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
                                         chat=not args.no_chat)

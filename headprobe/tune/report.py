@@ -141,7 +141,8 @@ def _holdout_block(outcome: TuneOutcome, capacity: int) -> tuple[list[dict[str, 
     ci = labels.index(chosen.label)
     for i, s in enumerate([s for s in mine if s.label in labels]):
         preset = s.name if s.name in PUBLISHED else None
-        kind = "chosen" if s.label == chosen.label else "full" if s.policy == "full" else "preset"
+        kind = "chosen" if s.label == chosen.label else "full" if s.policy == "full" \
+            else "preset" if preset is not None else "setting"
         row = {"label": s.label, "kind": kind, "preset": preset, "published": preset is not None,
                "chosen": s.label == chosen.label, "n": len(keys), "accuracy": round(float(scores[i].mean()), 6),
                "interval": [round(x, 6) for x in interval(boot[:, i], rule.level)],
@@ -149,14 +150,14 @@ def _holdout_block(outcome: TuneOutcome, capacity: int) -> tuple[list[dict[str, 
         if s.label != chosen.label:
             row["chosen_minus_this"] = [round(x, 6) for x in interval(boot[:, ci] - boot[:, i], rule.level)]
         rows.append(row)
-    presets = [r for r in rows if r["preset"] is not None and r["kind"] != "full"]
+    presets = [r for r in rows if r["preset"] is not None and r["kind"] != "full"]     # the chosen one may be one
     if presets:
-        top = max(presets, key=lambda r: (r["accuracy"], -r["cache_bytes"]))
+        top = max(presets, key=lambda r: (r["accuracy"], -r["cache_bytes"], r["chosen"]))
         lead = top.get("chosen_minus_this", [0.0, 0.0])
+        verdict = ("the chosen setting is this preset" if top["chosen"] else "chosen better" if lead[0] > 0
+                   else "chosen worse" if lead[1] < 0 else "no real difference")
         best = {"label": top["label"], "accuracy": top["accuracy"], "interval": top["interval"],
-                "chosen_minus_best": lead,
-                "verdict": ("chosen better" if lead[0] > 0 else "chosen worse" if lead[1] < 0
-                            else "no real difference")}
+                "chosen_minus_best": lead, "verdict": verdict}
     return rows, best
 
 
