@@ -10,6 +10,9 @@ from headprobe import HeadprobeError
 
 from .common_args import LazyChoices, add_loading_arguments, load_model
 
+#: Library parameters whose flag is not ``--`` + the parameter name.
+FLAGS = {"spec": "--setting", "specs": "--setting"}
+
 
 def register(sub, formatter) -> None:
     p = sub.add_parser(
