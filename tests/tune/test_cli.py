@@ -117,8 +117,8 @@ def test_the_command_runs_resumes_and_its_setting_runs_in_eval_and_generate(tiny
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--policy", "streaming"], "--setting snapkv[window=8]@16: it names the policy, its options and the budget; "
-                                "drop --policy"),
+    (["--policy", "streaming"], ("--setting snapkv[window=8]@16: it names the policy, its options and the budget; "
+                                "drop --policy")),
     (["--capacity", "16"], "drop --capacity"),
 ])
 def test_generate_setting_refuses_the_flags_it_replaces(extra, message, capsys, no_model, tiny_dir):

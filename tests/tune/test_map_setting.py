@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from conftest import SMOLLM2_IDENTITY
 
 import headprobe
-from conftest import SMOLLM2_IDENTITY
 from headprobe import HeadprobeError
 from headprobe.eval.runner import resolve_budgets
 from headprobe.eval.settings import EvalSetting, expand_settings, parse_setting
