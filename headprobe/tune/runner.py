@@ -298,6 +298,14 @@ class Race:
     def final(self) -> list[Standing]:
         return list(self.rungs[-1]["standings"]) if self.rungs else []
 
+    def ranking(self) -> list[str]:
+        """Every raced label, best first: by the last rung it ran on (later first), then its rank there."""
+        last: dict[str, tuple[int, int]] = {}
+        for r in self.rungs:
+            for st in r["standings"]:
+                last[st.label] = (r["rung"], st.rank)
+        return sorted(last, key=lambda lab: (-last[lab][0], last[lab][1]))
+
 
 def _run_races(runs: TuneRuns, stage: str, races: list[Race], calibration: Sequence[str], rule: HalvingRule) -> None:
     """Run the races of every capacity of a stage rung by rung, the trials of all capacities together."""
@@ -372,7 +380,7 @@ class TuneOutcome:
     cpu_s: float = 0.0
 
 
-def _found_profiles(lm: Any, space: SearchSpace, profile_dirs: list[Path] | None) -> dict[str, Any]:
+def _found_profiles(lm: Any, profile_dirs: list[Path] | None) -> dict[str, Any]:
     from ..allocation.api import find_profiles
     from .space import HEAD_KINDS
 
@@ -430,7 +438,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     space, task, rule = request.space, request.task, request.rule
     windows = question_windows(lm, task)
     runs = TuneRuns(lm, request, out, ranks, resume, force, progress)
-    profiles = _found_profiles(lm, space, request.profile_dirs)
+    profiles = _found_profiles(lm, request.profile_dirs)
     sels, allocs = selections(space), allocations(space, profiles)
     calibration = list(request.split.calibration)
 
@@ -449,7 +457,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     stage2 = []
     for race1 in stage1:
         cap = race1.capacity
-        best = [st.label for st in race1.final()][:space.keep_selections]
+        best = race1.ranking()[:space.keep_selections]
         by_label = {c.label: c for c in race1.candidates}
         carried = [by_label[lab] for lab in best]
         race = Race(cap, [])
