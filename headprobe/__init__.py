@@ -157,6 +157,10 @@ _API: dict[str, dict[str, str]] = {
         "EVAL_PRESETS": "eval.settings:PRESETS",
         "EvalSetting": "eval.settings",
         "expand_settings": "eval.settings",
+        "parse_setting": "eval.settings",
+        "split_capacities": "eval.settings",
+        "MAP_ALLOCATION": "eval.settings",
+        "resolve_budget": "eval.runner",
     },
     # data parallel over torchrun's ranks: a slice of the work each, merged at rank 0
     "distributed": {
@@ -182,6 +186,9 @@ _API: dict[str, dict[str, str]] = {
         "split_items": "tune.split",
         "MemoryTarget": "tune.memory",
         "capacity_for": "tune.memory",
+        "cache_dtype": "tune.memory",
+        "parse_bytes": "tune.memory",
+        "parse_share": "tune.memory",
         "check_tune_outputs": "tune.report",
         "write_tune_outputs": "tune.report:write_outputs",
         "format_tune_report": "tune.report:format_report",
@@ -189,7 +196,7 @@ _API: dict[str, dict[str, str]] = {
         "tune_figure": "tune.figure",
     },
     # explain: any budget in tokens and bytes, and what every engine allocates for it
-    "explain": {"explain_budget": "explain.api"},
+    "explain": {"explain_budget": "explain.api", "model_shape": "explain.model_shape"},
     # plots of every stage (PNG or SVG)
     "plots": {
         "ablation_bars": "plots.eval_figures",

@@ -82,11 +82,9 @@ def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
     if given:
         raise HeadprobeError(f"--setting {args.setting}: it names the policy, its options and the budget; drop "
                              f"{', '.join(given)}")
-    from headprobe.eval.settings import MAP_ALLOCATION, parse_setting, split_capacities
-
-    spec, pinned = split_capacities(args.setting)
-    parsed = parse_setting(spec)
-    if parsed.policy != "full" and parsed.allocation != MAP_ALLOCATION and pinned is None:
+    spec, pinned = headprobe.split_capacities(args.setting)
+    parsed = headprobe.parse_setting(spec)
+    if parsed.policy != "full" and parsed.allocation != headprobe.MAP_ALLOCATION and pinned is None:
         raise HeadprobeError(f"--setting {args.setting}: give its capacity after @ (e.g. {spec}@64)")
     setting = headprobe.EvalSetting.parse(args.setting)
     if setting.question_window:
@@ -109,10 +107,8 @@ def run(args: argparse.Namespace) -> int:
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
     if setting is not None:
-        from headprobe.eval.runner import resolve_budget
-
         policy = headprobe.make_policy(setting.policy, **setting.options)
-        budget = resolve_budget(lm, setting)
+        budget = headprobe.resolve_budget(lm, setting)
         args.policy = setting.policy
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,

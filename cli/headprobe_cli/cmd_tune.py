@@ -141,11 +141,9 @@ def _capacities(args: argparse.Namespace, identity) -> tuple[list[int], dict | N
         raise HeadprobeError(f"{'--cache-share' if args.cache_share else '--cache-bytes'} needs --context N (the "
                              "prompt tokens the target is for)")
     headprobe.check_count("context", args.context)
-    from headprobe.tune.memory import cache_dtype, parse_bytes, parse_share
-
-    share = parse_share(args.cache_share) if args.cache_share is not None else None
-    size = parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
-    target = headprobe.MemoryTarget(args.context, share, size, cache_dtype(args.dtype, args.device),
+    share = headprobe.parse_share(args.cache_share) if args.cache_share is not None else None
+    size = headprobe.parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
+    target = headprobe.MemoryTarget(args.context, share, size, headprobe.cache_dtype(args.dtype, args.device),
                                     args.max_new_tokens)
     cap, record = headprobe.capacity_for(target, identity)
     return [cap], record
@@ -157,8 +155,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
-    from headprobe.explain.model_shape import model_shape
-
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     rule = headprobe.HalvingRule(args.eta, args.level, args.resamples, args.seed)
     space = headprobe.SearchSpace(tuple(args.policies or ()), tuple(args.allocations or ()),
@@ -168,7 +164,7 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     presets = list(args.presets) if args.presets is not None else list(headprobe.EVAL_PRESETS)
     for s in headprobe.expand_settings(presets, [64]):
         s.check_policy()
-    identity = model_shape(args.model)                  # the model's shape, without its weights
+    identity = headprobe.model_shape(args.model)        # the model's shape, without its weights
     capacities, memory = _capacities(args, identity)
     found = {k: f[0].profile for k in ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
              if (f := headprobe.find_profiles(identity, k))}
