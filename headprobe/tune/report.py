@@ -130,24 +130,24 @@ def _holdout_block(outcome: TuneOutcome, capacity: int) -> tuple[list[dict[str, 
     """Every held-out setting of this capacity (and the full cache), with the chosen one's paired lead."""
     rule, store, task = outcome.request.rule, outcome.store, outcome.request.task
     keys = task.trial_keys(list(outcome.request.split.holdout))
-    chosen = outcome.chosen[capacity]
+    chosen = outcome.held_as.get(capacity, outcome.chosen[capacity].label)
     rows, best = [], None
     mine = [s for s in outcome.holdout_settings if s.capacity in (capacity, None)]
     labels = [s.label for s in mine if store.has(s.label, keys)]
-    if chosen.label not in labels or not keys:
+    if chosen not in labels or not keys:
         return [], None
     scores = np.array([store.scores(lab, keys) for lab in labels])
     boot = bootstrap_means(scores, rule)
-    ci = labels.index(chosen.label)
+    ci = labels.index(chosen)
     for i, s in enumerate([s for s in mine if s.label in labels]):
         preset = s.name if s.name in PUBLISHED else None
-        kind = "chosen" if s.label == chosen.label else "full" if s.policy == "full" \
+        kind = "chosen" if s.label == chosen else "full" if s.policy == "full" \
             else "preset" if preset is not None else "setting"
         row = {"label": s.label, "kind": kind, "preset": preset, "published": preset is not None,
-               "chosen": s.label == chosen.label, "n": len(keys), "accuracy": round(float(scores[i].mean()), 6),
+               "chosen": s.label == chosen, "n": len(keys), "accuracy": round(float(scores[i].mean()), 6),
                "interval": [round(x, 6) for x in interval(boot[:, i], rule.level)],
                "cache_bytes": round(store.mean_bytes(s.label), 1)}
-        if s.label != chosen.label:
+        if s.label != chosen:
             row["chosen_minus_this"] = [round(x, 6) for x in interval(boot[:, ci] - boot[:, i], rule.level)]
         rows.append(row)
     presets = [r for r in rows if r["preset"] is not None and r["kind"] != "full"]     # the chosen one may be one
@@ -236,7 +236,8 @@ def build_report(outcome: TuneOutcome, lm: Any, files: dict[str, str], strings: 
         mine = next((r for r in holdout if r["chosen"]), None)
         capacities.append({
             "capacity": cap,
-            "chosen": {"label": chosen.label, "setting": chosen.to_json(), "setting_string": strings.get(cap),
+            "chosen": {"label": chosen.label, "held_out_as": outcome.held_as.get(cap, chosen.label),
+                       "setting": chosen.to_json(), "setting_string": strings.get(cap),
                        "budget_map": files.get(f"budget_map_{cap}"),
                        "calibration": {"n": len(cal_scores), "accuracy": round(_mean(cal_scores), 6),
                                        "interval": [round(x, 6) for x in mean_interval(cal_scores, req.rule)]},

@@ -38,6 +38,7 @@ from .space import (
     SearchSpace,
     allocations,
     candidate,
+    canonical,
     dedupe,
     preset_seeds,
     selection_of,
@@ -365,6 +366,11 @@ class TuneOutcome:
         The eval runs, in order, with what they cost in this process.
     store
         Every trial.
+    wall_s, cpu_s
+        This process's wall and CPU seconds.
+    held_as
+        Capacity → the label the chosen setting ran under on the held-out items (a preset's when the chosen
+        setting runs the same as a preset).
     """
 
     request: TuneRequest
@@ -378,6 +384,7 @@ class TuneOutcome:
     store: TrialStore
     wall_s: float = 0.0
     cpu_s: float = 0.0
+    held_as: dict[int, str] = field(default_factory=dict)
 
 
 def _found_profiles(lm: Any, profile_dirs: list[Path] | None) -> dict[str, Any]:
@@ -479,9 +486,11 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     presets = _checked(lm, request, expand_settings(list(request.presets), list(request.capacities)), windows,
                        holdout_skipped)
     holdout = dedupe([*presets, *chosen.values()])
+    same = {canonical(s): s.label for s in holdout}
+    held_as = {cap: same[canonical(c)] for cap, c in chosen.items()}     # a preset's label when it is one
     _ensure(runs, "holdout", holdout, held)
     return TuneOutcome(request, stage1, stage2, chosen, holdout, holdout_skipped, windows, runs.records, runs.store,
-                       time.perf_counter() - wall, time.process_time() - cpu)
+                       time.perf_counter() - wall, time.process_time() - cpu, held_as)
 
 
 __all__ = ("QUESTION_WINDOW", "Race", "TrialStore", "TuneOutcome", "TuneRequest", "TuneRuns", "TuneTask",

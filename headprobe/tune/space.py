@@ -312,8 +312,11 @@ def canonical(setting: EvalSetting) -> str:
         alloc_options = {i.name: i.default for i in ALLOCATORS[alloc].options.infos()}
     alloc_options.update(setting.allocation_options)
     options = {**_policy_defaults(setting.policy), **setting.options}
-    key = {"policy": setting.policy, "options": options, "allocation": alloc, "profiles": list(setting.profiles),
-           "allocation_options": alloc_options, "capacity": setting.capacity}
+    def plain(values: dict[str, Any]) -> dict[str, Any]:       # 5 and 5.0 run the same
+        return {k: float(v) if isinstance(v, int) and not isinstance(v, bool) else v for k, v in values.items()}
+
+    key = {"policy": setting.policy, "options": plain(options), "allocation": alloc, "profiles": list(setting.profiles),
+           "allocation_options": plain(alloc_options), "capacity": setting.capacity}
     return json.dumps(key, sort_keys=True, default=str)
 
 

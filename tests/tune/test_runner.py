@@ -26,7 +26,8 @@ from headprobe.tune.runner import runs_dir
 torch.set_num_threads(1)
 
 LENGTHS, DEPTHS = [200, 260], [0.25, 0.75]
-PRESETS = ["full", "snapkv", "pyramid", "streaming", "snapkv[window=8]"]
+#: ``pyramid[pooling=avg,taper=5]`` runs the same as the known best: the held-out eval runs it once, under this name
+PRESETS = ["full", "snapkv", "pyramid", "streaming", "snapkv[window=8]", "pyramid[pooling=avg,taper=5]"]
 
 
 def tiny_request(capacities=(16, 24), keep=1) -> TuneRequest:
@@ -112,7 +113,9 @@ def test_every_candidate_s_trials_and_bytes_are_booked_exactly(tuned):
         assert statuses.count("chosen") == 1
         # the held-out rows: the full cache, the presets that fit and the chosen setting, on r04 and r05 only
         rows = {r["label"]: r for r in cap["holdout"]}
-        assert rows[cap["chosen"]["label"]]["chosen"]
+        assert cap["chosen"]["held_out_as"] == f"pyramid[pooling=avg,taper=5]@{cap['capacity']}"
+        assert rows[cap["chosen"]["held_out_as"]]["chosen"] and rows[cap["chosen"]["held_out_as"]]["kind"] == "chosen"
+        assert cap["chosen"]["label"] not in rows
         assert rows["full"]["kind"] == "full" and rows["full"]["accuracy"] > 0.95
         for row in cap["holdout"]:
             scores = [cells[(row["label"], i, L, d)]["score"] for i in ("r04", "r05") for L in LENGTHS for d in DEPTHS]
@@ -121,6 +124,7 @@ def test_every_candidate_s_trials_and_bytes_are_booked_exactly(tuned):
         presets = [r for r in cap["holdout"] if r["preset"] not in (None, "full")]
         assert {r["label"] for r in presets} == {f"pyramid@{cap['capacity']}", f"streaming@{cap['capacity']}"}
         assert rows[f"snapkv[window=8]@{cap['capacity']}"]["kind"] == "setting"      # compared, not a preset
+        assert cap["chosen"]["holdout"]["accuracy"] == rows[cap["chosen"]["held_out_as"]]["accuracy"]
         assert best["label"] == max(presets, key=lambda r: r["accuracy"])["label"]
         assert best["verdict"] == "chosen better"                # 0.9 against at most 0.6, on 8 trials
 
@@ -157,7 +161,7 @@ def test_the_outputs_run_in_eval_and_read_back(tuned, tiny_llama, tmp_path):
     got = {c["setting"]: c for c in result.cells}
     holdout = {r["label"]: r for r in report["capacities"][0]["holdout"]}
     map16 = next(k for k in got if k.endswith("@16") and "budget" in k)
-    chosen16 = report["capacities"][0]["chosen"]["label"]
+    chosen16 = report["capacities"][0]["chosen"]["held_out_as"]
     store = outcome.store.trials[(chosen16, ("r04", LENGTHS[0], DEPTHS[0]))]
     assert got[map16]["trials"][0]["cache_bytes"] == store["cache_bytes"]
     assert got[map16]["trials"][0]["response"] == store["response"]

@@ -25,8 +25,8 @@ def test_tune_chooses_a_setting_whose_map_runs_as_it_does(tmp_path, capsys, one_
     standings = cap["stages"][1]["rungs"][-1]["standings"]
     assert standings[0]["label"] == cap["chosen"]["label"]
     assert all(s["mean"] <= standings[0]["mean"] for s in standings)
-    chosen = cap["chosen"]["label"]
-    assert chosen in rows and set(rows) == {"full", "snapkv@48", "headkv-r@48", chosen}
+    chosen, held_as = cap["chosen"]["label"], cap["chosen"]["held_out_as"]
+    assert set(rows) == {"full", "snapkv@48", "headkv-r@48", held_as} and rows[held_as]["chosen"]
     # the map setting reproduces the chosen setting's held-out trial: same answer, same bytes
     ev = tmp_path / "e.json"
     assert main(["eval", "--model", "smollm2-135m", "--device", "cpu", "--settings", cap["chosen"]["setting_string"],
@@ -36,5 +36,5 @@ def test_tune_chooses_a_setting_whose_map_runs_as_it_does(tmp_path, capsys, one_
     assert a["trials"][0]["response"] == b["trials"][0]["response"]
     assert a["trials"][0]["cache_bytes"] == b["trials"][0]["cache_bytes"]
     held = json.loads((tmp_path / "t.runs" / "holdout.json").read_text())
-    mine = next(c for c in held["cells"] if c["setting"] == chosen)
+    mine = next(c for c in held["cells"] if c["setting"] == held_as)
     assert mine["trials"][0]["response"] == b["trials"][0]["response"]
