@@ -65,6 +65,10 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
 
     out = Path(out)
     check_writable_dir(out.parent if str(out.parent) else Path("."))
+    for cap in capacities:            # the setting string names the map: the settings grammar must carry its path
+        if any(ch in str(map_path(out, cap)) for ch in "[],@:"):
+            raise HeadprobeError(f"{param('out', str(out))}: the budget map {map_path(out, cap)} could not be named in "
+                                 "a setting (its path holds [ ] , @ or :); write the report elsewhere")
     folder = runs_dir(out)
     if folder.is_dir() and any(folder.iterdir()) and not (resume or force):
         raise HeadprobeError(f"{folder}: a tune run's eval logs are there; pass {param('resume', True)} to continue "

@@ -59,6 +59,11 @@ def test_bad_input_is_refused_in_one_line_before_the_model_loads(args, message, 
     assert message in _refused(capsys, argv)
 
 
+def test_an_output_path_a_setting_cannot_name_is_refused(capsys, no_model, tiny_dir, tmp_path):
+    argv = ["tune", "--model", str(tiny_dir), *FAST, "--out", str(tmp_path / "a,b.json")]
+    assert "a,b.c64.budget.json could not be named in a setting (its path holds [ ] , @ or :)" in _refused(capsys, argv)
+
+
 def test_a_single_item_is_refused(capsys, no_model, tiny_dir, tmp_path):
     argv = ["tune", "--model", str(tiny_dir), *FAST, "--needle-ids", "r01", "--out", str(tmp_path / "t.json")]
     assert "tune needs at least two items (one to search on, one held out); the task has 1" in _refused(capsys, argv)
