@@ -107,24 +107,17 @@ def _task(args: argparse.Namespace) -> headprobe.TuneTask:
         f = _fields(args.fields)
         examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
                                              args.limit)
-        return headprobe.TuneTask("dataset", [args.max_length], [None], {"dataset": str(args.dataset)},
-                                  examples=examples)
+        return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
     depths = headprobe.probe_grid.parse_depths(args.depths)
     if not args.lengths:
         raise HeadprobeError("--lengths: give at least one")
     for length in args.lengths:
         headprobe.check_count("lengths", length)
-    if args.task == "babi":
-        items = headprobe.items_from_babi(headprobe.generate_questions(args.babi_count, args.babi_tasks, args.seed))
-        task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
-    else:
-        path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
-        needles = headprobe.load_needles(path, args.needle_ids)
-        items = headprobe.items_from_needles(needles)
-        task = {"kind": "needle", "needles": path, "needle_ids": [n.id for n in needles]}
     haystack = headprobe.load_haystack(args.haystack)
-    task.update(haystack=haystack.name, haystack_fingerprint=haystack.fingerprint)
-    return headprobe.TuneTask(args.task, list(args.lengths), depths, task, items=items, haystack=haystack)
+    if args.task == "babi":
+        return headprobe.TuneTask.babi(args.babi_count, args.babi_tasks, args.seed, args.lengths, depths, haystack)
+    path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
+    return headprobe.TuneTask.needles(path, args.needle_ids, args.lengths, depths, haystack)
 
 
 def _capacities(args: argparse.Namespace, identity) -> tuple[list[int], dict | None]:

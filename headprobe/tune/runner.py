@@ -78,6 +78,41 @@ class TuneTask:
     examples: list[Any] | None = None
     haystack: Any = None
 
+    @classmethod
+    def needles(cls, path: str | Path, ids: Sequence[str] | None, lengths: Sequence[int], depths: Sequence[float],
+                haystack: Any) -> TuneTask:
+        """The needle task: the needles of ``path`` (``ids`` of them, or all) over a length × depth grid.
+
+        The description names the needle file portably (a shipped file by its place among the shipped
+        haystacks, with its fingerprint), so a run resumes from its logs wherever the files lie.
+        """
+        from ..eval.items import items_from_needles
+        from ..haystack.needles import load_needles, needle_set_record
+        from ..probes.run import portable_file_name
+
+        needles = load_needles(path, list(ids) if ids else None)
+        description = {"kind": "needle", "needles": needle_set_record([Path(path)], needles, portable_file_name),
+                       **_haystack_record(haystack)}
+        return cls("needle", list(lengths), list(depths), description, items=items_from_needles(needles),
+                   haystack=haystack)
+
+    @classmethod
+    def babi(cls, count: int, tasks: Sequence[str], seed: int, lengths: Sequence[int], depths: Sequence[float],
+             haystack: Any) -> TuneTask:
+        """bAbI-style questions (:func:`~headprobe.eval.babi.generate_questions`) over a length × depth grid."""
+        from ..eval.babi import generate_questions
+        from ..eval.items import items_from_babi
+
+        items = items_from_babi(generate_questions(count, list(tasks), seed))
+        description = {"kind": "babi", "count": count, "tasks": list(tasks), "seed": seed,
+                       **_haystack_record(haystack)}
+        return cls("babi", list(lengths), list(depths), description, items=items, haystack=haystack)
+
+    @classmethod
+    def dataset(cls, examples: Sequence[Any], name: str, max_length: int) -> TuneTask:
+        """Rows of a QA dataset (:func:`~headprobe.eval.load_qa_dataset`), each prompt cut to ``max_length``."""
+        return cls("dataset", [max_length], [None], {"dataset": name}, examples=list(examples))
+
     @property
     def ids(self) -> list[str]:
         return [i.id for i in (self.items if self.items is not None else self.examples)]
@@ -90,6 +125,10 @@ class TuneTask:
         """``(item, length, depth)`` of every trial of ``ids``, sorted (the order the bootstrap reads them in)."""
         return sorted(((i, L, d) for i in ids for L in self.lengths for d in self.depths),
                       key=lambda k: (k[0], k[1], -1.0 if k[2] is None else k[2]))
+
+
+def _haystack_record(haystack: Any) -> dict[str, Any]:
+    return {"haystack": haystack.name, "haystack_fingerprint": haystack.fingerprint}
 
 
 @dataclass

@@ -57,3 +57,12 @@ def test_a_babi_task_runs_its_questions_over_the_grid(tiny_llama, tmp_path):
     for cand in report["capacities"][0]["candidates"]:
         assert not {t["item"] for t in cand["trials"]} & held
     assert {r["label"] for r in report["capacities"][0]["holdout"]} == {"full", report["capacities"][0]["chosen"]["label"]}
+
+
+def test_a_needle_task_names_its_needle_file_portably():
+    task = TuneTask.needles(headprobe.shipped_needle_file("retrieval"), ["r02", "r01"], [200], [0.5],
+                            headprobe.load_haystack())
+    record = task.description["needles"]
+    assert record["path"] == "needles/retrieval.jsonl" and record["shipped"] is True
+    assert record["ids"] == task.ids == ["r02", "r01"] and len(record["fingerprint"]) > 8   # as given
+    assert task.description["kind"] == "needle"
