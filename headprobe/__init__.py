@@ -97,6 +97,7 @@ _API: dict[str, dict[str, str]] = {
         "allocate": "allocation.api",
         "load_profile": "allocation.api",
         "newest_profile": "allocation.api",
+        "find_profiles": "allocation.api",
         "profiles_for_method": "allocation.api",
         "summarize": "allocation.api",
         "clamp_and_redistribute": "allocation.clamp",
@@ -163,6 +164,10 @@ _API: dict[str, dict[str, str]] = {
         "EVAL_PRESETS": "eval.settings:PRESETS",
         "EvalSetting": "eval.settings",
         "expand_settings": "eval.settings",
+        "parse_setting": "eval.settings",
+        "split_capacities": "eval.settings",
+        "MAP_ALLOCATION": "eval.settings",
+        "resolve_budget": "eval.runner",
     },
     # data parallel over torchrun's ranks: a slice of the work each, merged at rank 0
     "distributed": {
@@ -174,10 +179,32 @@ _API: dict[str, dict[str, str]] = {
         "run_eval_on_ranks": "distributed.eval_ranks",
         "run_dataset_eval_on_ranks": "distributed.eval_ranks",
         "run_ablation_on_ranks": "distributed.ablation_ranks",
+        "share_from_main": "distributed.tune_ranks",
+    },
+    # tune: the setting that keeps the most accuracy at a memory, searched on calibration items, reported held out
+    "tune": {
+        "TuneRequest": "tune.runner",
+        "TuneTask": "tune.runner",
+        "run_tune": "tune.runner",
+        "SearchSpace": "tune.space",
+        "parse_tune_values": "tune.space:parse_values",
+        "count_candidates": "tune.space",
+        "HalvingRule": "tune.halving",
+        "split_items": "tune.split",
+        "MemoryTarget": "tune.memory",
+        "capacity_for": "tune.memory",
+        "cache_dtype": "tune.memory",
+        "parse_bytes": "tune.memory",
+        "parse_share": "tune.memory",
+        "check_tune_outputs": "tune.report",
+        "write_tune_outputs": "tune.report:write_outputs",
+        "format_tune_report": "tune.report:format_report",
+        "load_tune_report": "tune.report:load_report",
+        "tune_figure": "tune.figure",
     },
     # explain: any budget in tokens and bytes, and what every engine allocates for it
     "explain": {"explain_budget": "explain.api", "save_explain_figure": "explain.figure",
-                "format_explanation": "explain.report"},
+                "format_explanation": "explain.report", "model_shape": "explain.model_shape"},
     # plots of every stage (PNG or SVG)
     "plots": {
         "ablation_bars": "plots.eval_figures",

@@ -18,7 +18,7 @@ from .common_args import (
 )
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
-FLAGS = {"chat_template=False": "--no-chat"}
+FLAGS = {"chat_template=False": "--no-chat", "spec": "--setting", "specs": "--setting"}
 
 
 def register(sub, formatter) -> None:
@@ -30,7 +30,9 @@ def register(sub, formatter) -> None:
                "  headprobe generate --capacity 128 --policy snapkv \"Summarise: ...\"\n"
                "  headprobe generate --budget budgets/smollm2.headkv.json --policy keydiff "
                "--option block_size=128 \"...\"\n"
-               "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt")
+               "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt\n"
+               "  headprobe generate --setting \"headkv-r[window=32]@64\" \"...\"      # an eval setting\n"
+               "  headprobe generate --setting \"snapkv:tune/tune.c64.budget.json[window=32]\" \"...\"   # tune's")
     p.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file, or - for stdin)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
     add_loading_arguments(p)
@@ -43,6 +45,10 @@ def register(sub, formatter) -> None:
                    metavar="POLICY", help="which tokens to keep: %(choices)s")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, repeatable (e.g. window=16, key_merge=zip)")
+    p.add_argument("--setting", default=None, metavar="SETTING",
+                   help="an eval setting (a preset, POLICY:ALLOCATION:PROFILE[options]@CAPACITY or POLICY:MAP.json"
+                        "[options], e.g. the setting string headprobe tune writes) instead of --policy, --option, "
+                        "--budget, --ratio and --capacity")
     p.add_argument("--max-new-tokens", type=int, default=64)
     add_prompt_format_arguments(p, plain_flag="--no-chat", plain_help="the prompt as written")
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
@@ -92,6 +98,33 @@ def _mib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
 
+def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
+    """The eval setting ``--setting`` names, checked before the model loads.
+
+    Raises
+    ------
+    HeadprobeError
+        ``--setting`` with a flag it replaces, a bad setting, one without a capacity (give ``@N``), or one
+        whose window is the question (a prompt here has no question the harness placed).
+    """
+    given = [flag for flag, value in (("--policy", args.policy != "snapkv"), ("--option", args.option),
+                                      ("--budget", args.budget), ("--ratio", args.ratio),
+                                      ("--capacity", args.capacity is not None)) if value]
+    if given:
+        raise HeadprobeError(f"--setting {args.setting}: it names the policy, its options and the budget; drop "
+                             f"{', '.join(given)}")
+    spec, pinned = headprobe.split_capacities(args.setting)
+    parsed = headprobe.parse_setting(spec)
+    if parsed.policy != "full" and parsed.allocation != headprobe.MAP_ALLOCATION and pinned is None:
+        raise HeadprobeError(f"--setting {args.setting}: give its capacity after @ (e.g. {spec}@64)")
+    setting = headprobe.EvalSetting.parse(args.setting)
+    if setting.question_window:
+        raise HeadprobeError(f"--setting {args.setting}: window=question needs a prompt whose question the eval "
+                             "harness placed; give a window in tokens")
+    setting.check_policy()
+    return setting
+
+
 def run(args: argparse.Namespace) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     chat_template_wanted(args)                   # a contradiction fails before the model loads
@@ -99,14 +132,20 @@ def run(args: argparse.Namespace) -> int:
         headprobe.check_count("capacity", args.capacity)
     if args.ratio is not None and not 0 < args.ratio <= 1:      # before the model loads
         raise HeadprobeError(f"--ratio {args.ratio}: expected a number in (0, 1]")
+    setting = _setting(args) if args.setting is not None else None
     prompt = _prompt(args)
-    options = headprobe.parse_policy_options(args.option)
-    policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
-    budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
+    if setting is None:
+        options = headprobe.parse_policy_options(args.option)
+        policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
+        budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
     form = resolve_prompt_format(args, lm.tokenizer)
     check_prompt_fits(lm, prompt, form == "chat", args)
+    if setting is not None:
+        policy = headprobe.make_policy(setting.policy, **setting.options)
+        budget = headprobe.resolve_budget(lm, setting)
+        args.policy = setting.policy
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,
                                         chat=form == "chat")

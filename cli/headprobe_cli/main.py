@@ -21,7 +21,7 @@ import headprobe
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
-    "models", "profile", "inspect", "allocate", "export", "import", "plot", "generate", "eval", "ablate", "explain",
+    "models", "profile", "inspect", "allocate", "export", "import", "plot", "generate", "eval", "tune", "ablate", "explain",
 )
 
 

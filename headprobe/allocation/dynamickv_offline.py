@@ -45,10 +45,17 @@ def parse_task_mix(text: str | None) -> str | dict[str, float] | None:
     return mix
 
 
+def profile_tasks(profiles: Sequence[Profile]) -> tuple[str | None, ...]:
+    """The ``task`` values ``headprobe tune`` tries: the equal mix (``None``), then every task type of the
+    layer-retention profile among ``profiles`` (sorted)."""
+    tasks = sorted({t for p in profiles for t in (p.retention or {})})
+    return (None, *tasks)
+
+
 def task_option() -> Any:
     """The ``task`` option (``dynamickv``, ``combined``): a task name or a mix, as text or a mapping."""
     return option(None, "layer-retention task, or a mix like qa:0.7,code:0.3 (default: the equal mix of every "
-                  "task in the profile)", commas=True)
+                  "task in the profile)", commas=True, search=profile_tasks)
 
 
 def task_mix(task: str | Mapping[str, float] | None) -> str | Mapping[str, float] | None:

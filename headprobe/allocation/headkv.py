@@ -44,6 +44,9 @@ COMPAT_MODES = ("headkv",)
 
 #: HeadKV's β when none is given (headkv and combined).
 DEFAULT_BETA = 1.2
+#: The β values ``headprobe tune`` tries: from HeadKV's own sweep (1.005 ... 10), near-proportional to the
+#: scores (1.01) to almost even (5).
+BETA_SEARCH = (1.01, 1.2, 2.0, 5.0)
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,7 @@ class HeadScoreOptions(AllocatorOptions):
     """Options of the allocators that split budgets by head scores (``headkv``, ``combined``)."""
 
     beta: float = option(DEFAULT_BETA, "HeadKV's β > 1: 1/β of the tokens beyond the window follow the head "
-                         "scores, the rest is an even floor", filename="beta")
+                         "scores, the rest is an even floor", filename="beta", search=BETA_SEARCH)
     temperature: float | None = option(None, "score temperature: weights ∝ score^(1/T) (>1 flattens, <1 sharpens)")
     reduction: str | None = option(None, "query→KV head reduction (default: the profile's own)",
                                    choices=GROUP_REDUCTIONS)

@@ -17,7 +17,7 @@ import contextvars
 import numbers
 import types
 import typing
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -29,7 +29,8 @@ _IN_SETTING: contextvars.ContextVar[bool] = contextvars.ContextVar("headprobe_al
 
 
 def option(default: Any, help: str, *, choices: Sequence[str] | None = None, flag: str | None = None,
-           record: str | None = None, filename: str | None = None, commas: bool = False) -> Any:
+           record: str | None = None, filename: str | None = None, commas: bool = False,
+           search: Sequence[Any] | Callable[[Sequence[Any]], Sequence[Any]] | None = None) -> Any:
     """Declare one option as a dataclass field.
 
     Parameters
@@ -50,10 +51,14 @@ def option(default: Any, help: str, *, choices: Sequence[str] | None = None, fla
     commas
         The value may hold commas (a task mix ``qa:0.7,code:0.3``); in a setting's brackets the parts
         after a comma that are not ``KEY=VALUE`` continue the value.
+    search
+        The values ``headprobe tune`` tries for the option: a sequence, or a function of the profiles the
+        allocation reads (``[Profile]``) returning one (DynamicKV's ``task``: the profile's task types).
+        ``None``: the search keeps the option at its default.
     """
     return field(default=default, metadata={"help": help, "choices": tuple(choices) if choices else None,
                                             "flag": flag, "record": record, "filename": filename,
-                                            "commas": commas})
+                                            "commas": commas, "search": search})
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,7 @@ class OptionInfo:
         The field's default.
     types
         The Python types a value may have (``type(None)`` when the option may be left unset).
-    help, choices, flag, record, filename, commas
+    help, choices, flag, record, filename, commas, search
         As given to :func:`option`; ``flag`` and ``record`` are filled in with their defaults.
     """
 
@@ -81,6 +86,14 @@ class OptionInfo:
     record: str
     filename: str | None
     commas: bool
+    search: Sequence[Any] | Callable[[Sequence[Any]], Sequence[Any]] | None = None
+
+    def search_values(self, profiles: Sequence[Any] = ()) -> tuple[Any, ...]:
+        """The values a search tries (:func:`option`'s ``search``; the default alone when it has none)."""
+        if self.search is None:
+            return (self.default,)
+        values = self.search(profiles) if callable(self.search) else self.search
+        return tuple(values)
 
     @property
     def cli_type(self) -> type:
@@ -149,7 +162,7 @@ class OptionSet:
                 name=f.name, default=f.default, types=_types_of(hints[f.name]), help=meta.get("help", ""),
                 choices=meta.get("choices"), flag=meta.get("flag") or "--" + f.name.replace("_", "-"),
                 record=meta.get("record") or f.name, filename=meta.get("filename"),
-                commas=bool(meta.get("commas"))))
+                commas=bool(meta.get("commas")), search=meta.get("search")))
         return tuple(out)
 
     @classmethod

@@ -27,6 +27,8 @@ from .options import AllocatorOptions, CapacityOptions, option, spelled
 
 #: PyramidKV's taper when none is given (its ``PyramidKVCluster(beta=20)``).
 DEFAULT_TAPER = 20.0
+#: The tapers ``headprobe tune`` tries: a gentle slope, a steeper one and PyramidKV's own.
+TAPER_SEARCH = (2.0, 5.0, DEFAULT_TAPER)
 
 
 def check_taper(taper: float) -> float:
@@ -43,7 +45,8 @@ class PyramidOptions(AllocatorOptions):
     name PyramidKV's code gives it."""
 
     taper: float = option(DEFAULT_TAPER, "PyramidKV's slope > 1: the last layer keeps 1/taper of the mean budget "
-                          "beyond the window, the first 2 − 1/taper of it", record="beta", filename="taper")
+                          "beyond the window, the first 2 − 1/taper of it", record="beta", filename="taper",
+                          search=TAPER_SEARCH)
 
     def check(self) -> None:
         check_taper(self.taper)

@@ -28,7 +28,7 @@ from .cell_log import CellLog, cell_id, cell_record
 from .items import EvalItem
 from .result import EvalResult
 from .setting_run import run_setting
-from .settings import EvalSetting
+from .settings import MAP_ALLOCATION, EvalSetting, load_setting_map
 
 
 @dataclass
@@ -96,6 +96,8 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
         if not isinstance(window, int):
             raise HeadprobeError(f"setting {setting.label}: its window is set per prompt; pass the window to "
                                  "allocate for")
+    if setting.allocation == MAP_ALLOCATION:
+        return map_budget(lm, setting, int(window))
     if setting.allocation in (None, "uniform"):
         if POLICIES[setting.policy].uses_budgets and setting.capacity < window:
             raise HeadprobeError(f"setting {setting.label}: a capacity of {setting.capacity} tokens per head is "
@@ -116,6 +118,30 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
     if bm.granularity != "kv_head":
         raise HeadprobeError(f"setting {setting.label}: the map is allocated per query head (compat=headkv); the "
                              "cache keeps budgets per KV head")
+    return bm
+
+
+def map_budget(lm: Any, setting: EvalSetting, window: int) -> Any:
+    """The budget map of a ``POLICY:FILE.json`` setting, run as it is (its own capacity), once checked: it
+    fits the model and every head it caches holds the policy's window.
+
+    Raises
+    ------
+    HeadprobeError
+        A map made for another model, or a head budget smaller than the window.
+    """
+    from ..runtime import POLICIES
+
+    bm = load_setting_map(setting.profiles[0], setting.name)
+    try:
+        bm.model.check_fits(lm.identity, what=f"budget map {setting.profiles[0]}")
+    except HeadprobeError as exc:
+        raise HeadprobeError(f"setting {setting.label}: {exc}") from None
+    cached = [i for i, t in enumerate(lm.identity.layer_types) if t != "sliding_attention"]
+    smallest = min(min(bm.budgets[i]) for i in cached)
+    if POLICIES[setting.policy].uses_budgets and smallest < window:
+        raise HeadprobeError(f"setting {setting.label}: the map gives a head {smallest} tokens, fewer than the "
+                             f"{setting.policy} window ({window} tokens); allocate the map for that window")
     return bm
 
 

@@ -11,6 +11,12 @@ dataclass); a key neither declares, one both declare, or one given twice is refu
 ``full`` is run once per capacity (mean tokens per KV head), or only at the capacities pinned after ``@``:
 ``headkv-r[window=32]@64,128``.
 
+A budget-map file in the allocation's place, ``POLICY:FILE.json[OPTIONS]`` (a ``headprobe.budget`` file:
+written by ``headprobe allocate`` or ``headprobe tune``, or converted by ``headprobe explain --to budget``),
+runs the map as it is (:data:`MAP_ALLOCATION`): the map must fit the model, its capacity is its own mean
+tokens per KV head (so the setting takes no ``@`` capacity), and the policy options the map records under
+``method.run_with`` (for the same policy) are the setting's defaults, its brackets overriding them.
+
 A setting's label (``name@capacity``) names every option it runs with beyond its preset's, so
 :meth:`EvalSetting.parse` reads a label back to the same setting, and :func:`make_setting` builds a
 setting from its parts under such a label.
@@ -29,6 +35,52 @@ from ..allocation.registry import ALLOCATORS, check_allocator_options
 from ..errors import HeadprobeError, param
 from ..probes.registry import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
+
+#: The ``allocation`` of a setting that runs a budget-map file (``POLICY:FILE.json``); its ``profiles`` hold
+#: the file.
+MAP_ALLOCATION = "map"
+
+
+def is_map_file(part: str) -> bool:
+    """Whether an allocation slot names a budget-map file rather than an allocation method."""
+    return part not in ALLOCATORS and (part.endswith(".json") or Path(part).is_file())
+
+
+def load_setting_map(path: str, written: str) -> Any:
+    """The budget map a setting names, checked as the runtime needs it (KV-head budgets).
+
+    Raises
+    ------
+    HeadprobeError
+        A missing or invalid file, or a map per query head.
+    """
+    from ..budget_map import BudgetMap
+
+    if not Path(path).is_file():
+        raise HeadprobeError(f"{param('spec', written)}: budget map {path!r}: no such file")
+    bm = BudgetMap.load(path)
+    if bm.granularity != "kv_head":
+        raise HeadprobeError(f"{param('spec', written)}: budget map {path} has budgets per query head "
+                             "(compat=headkv); the cache keeps budgets per KV head")
+    return bm
+
+
+def map_capacity(bm: Any) -> int:
+    """A budget map's capacity: the mean tokens per KV head it was allocated at (``method.capacity``), else
+    its total over its heads, rounded."""
+    recorded = bm.method.get("capacity")
+    if isinstance(recorded, int) and not isinstance(recorded, bool) and recorded >= 1:
+        return recorded
+    heads = len(bm.budgets) * len(bm.budgets[0])
+    return max(1, round(bm.total / heads))
+
+
+def map_run_with(bm: Any, policy: str) -> dict[str, Any]:
+    """The policy options a budget map says it runs with (``method.run_with``), when that is ``policy``."""
+    run = bm.method.get("run_with")
+    if isinstance(run, Mapping) and run.get("policy") == policy and isinstance(run.get("options"), Mapping):
+        return dict(run["options"])
+    return {}
 
 
 @dataclass(frozen=True)
@@ -214,6 +266,10 @@ def _preset_or_parts(spec: str, written: str, policies: tuple[str, ...] | None
         raise HeadprobeError(f"{param('spec', spec)}: unknown policy {policy!r} and no such preset; presets: "
                              f"{', '.join(PRESETS)}; policies: {', '.join(sorted(known))}")
     alloc = parts[1] if len(parts) > 1 and parts[1] else None
+    if alloc is not None and is_map_file(alloc):
+        if len(parts) > 2:
+            raise HeadprobeError(f"{param('spec', spec)}: a budget map takes no profiles (POLICY:FILE.json)")
+        return policy, MAP_ALLOCATION, (alloc,), {}
     if alloc is not None and alloc not in ALLOCATORS:
         raise HeadprobeError(f"{param('spec', spec)}: unknown allocation {alloc!r}; expected one of "
                              f"{', '.join(ALLOCATORS)}")
@@ -302,6 +358,8 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
     bracket = _bracket_options(inner, alloc, written)
     if policy == "full":
         return ParsedSetting(written, policy, None, (), {}, {})
+    if alloc == MAP_ALLOCATION:        # the map's own policy options are the defaults its name implies
+        preset_options = map_run_with(load_setting_map(profs[0], written), policy)
     more = {k: v for k, v in (extra or {}).items()          # the preset's own values are implied by its name
             if k not in bracket and (k not in preset_options or preset_options[k] != v)}
     name = _named(written, more)
@@ -345,7 +403,13 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
                 raise HeadprobeError(f"{param('spec', written)}: the full cache has no capacity to pin")
             out.append(EvalSetting(parsed.name, "full", None, (), None, {}))
             continue
-        caps = capacities if pinned is None else pinned
+        if parsed.allocation == MAP_ALLOCATION:
+            caps = [map_capacity(load_setting_map(parsed.profiles[0], written))]
+            if pinned is not None and pinned != caps:      # a label names the map's own capacity
+                raise HeadprobeError(f"{param('spec', written)}: a budget map's capacity is its own ({caps[0]} "
+                                     "tokens per KV head); pin none after @")
+        else:
+            caps = capacities if pinned is None else pinned
         if any(c < 1 for c in caps):
             raise HeadprobeError(f"{param('spec', written)}: expected positive token counts per head after @")
         if not caps:

@@ -1,0 +1,196 @@
+"""``headprobe tune``: find the KV-cache setting that keeps the most accuracy at a memory, on held-out items."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import headprobe
+from headprobe import HeadprobeError
+
+from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model, rank_note
+from .progress import tqdm_progress
+
+#: Library parameters whose flag is not ``--`` + the parameter name.
+FLAGS = {"spec": "--presets", "specs": "--presets", "source": "--dataset", "context_field": "--fields",
+         "question_field": "--fields", "answers_field": "--fields", "tasks": "--babi-tasks", "count": "--babi-count"}
+
+
+def register(sub, formatter) -> None:
+    p = sub.add_parser(
+        "tune", help="search the setting that keeps the most accuracy at a cache size", formatter_class=formatter,
+        description="Search, per capacity (tokens per KV head) or memory target, over the policies that take a "
+                    "budget map with the options that decide what a budget keeps (window, question window, pooling), "
+                    "then over the allocations (uniform, HeadKV per head-profile kind, PyramidKV, DynamicKV, "
+                    "combined) with their parameters: every candidate an eval setting, run on calibration items "
+                    "with successive halving and a bootstrap race dropping weak ones early. The chosen setting, "
+                    "every preset and the full cache are then evaluated on held-out items. Writes a report "
+                    "(JSON + figure), the chosen budget map per capacity and a setting string that eval and "
+                    "generate accept. See docs/tune.md.",
+        epilog="examples:\n"
+               "  headprobe tune --capacities 32 64 128 --lengths 1000 2000 4000 --depths 0 50 100\n"
+               "  headprobe tune --cache-share 5% --context 4000 --holdout-ids r13 r14\n"
+               "  headprobe tune --capacities 64 --policies snapkv --values window=32,question beta=1.01,1.2\n"
+               "  headprobe tune ... --out tune/tune.json --resume      # continue an interrupted search\n"
+               "  torchrun --standalone --nproc-per-node 2 -m headprobe tune ...   # eval runs split over 2 ranks")
+    add_loading_arguments(p)
+    memory = p.add_mutually_exclusive_group()
+    memory.add_argument("--capacities", nargs="+", type=int, default=None,
+                        help="mean tokens per KV head to tune for (default 64)")
+    memory.add_argument("--cache-share", default=None, metavar="SHARE",
+                        help="a share of the full cache at --context, e.g. 5%% (the runtime's bytes)")
+    memory.add_argument("--cache-bytes", default=None, metavar="SIZE", help="a cache size at --context, e.g. 2GiB")
+    p.add_argument("--context", type=int, default=None, help="prompt tokens a memory target is for")
+    p.add_argument("--task", choices=["needle", "babi", "dataset"], default="needle")
+    p.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
+    p.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
+    p.add_argument("--haystack", default=None, help="haystack text file or folder of .txt (default: shipped corpus)")
+    p.add_argument("--lengths", nargs="+", type=int, default=[1000, 2000], help="prompt lengths in tokens")
+    p.add_argument("--depths", nargs="+", type=float, default=[0, 50, 100], help="needle depths in percent")
+    p.add_argument("--babi-count", type=int, default=8, help="bAbI-style questions (--task babi)")
+    p.add_argument("--babi-tasks", nargs="+", default=list(headprobe.BABI_TASKS), help="question types")
+    p.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
+    p.add_argument("--split", default="test")
+    p.add_argument("--fields", default="context=context,question=input,answers=answers",
+                   help="field names of the dataset")
+    p.add_argument("--limit", type=int, default=None, help="first N dataset rows")
+    p.add_argument("--max-length", type=int, default=4000, help="--task dataset: cut prompts to this many tokens")
+    held = p.add_mutually_exclusive_group()
+    held.add_argument("--holdout-ids", nargs="+", default=None, metavar="ID",
+                      help="items the search never sees (default: a share of them, by a hash of their ids)")
+    held.add_argument("--holdout-share", type=float, default=0.3, help="share of the items held out")
+    p.add_argument("--policies", nargs="+", default=None, metavar="POLICY",
+                   help="policies searched (default: those that take a budget and share the prompt forward)")
+    p.add_argument("--allocations", nargs="+", default=None, metavar="METHOD",
+                   help="allocations searched (default: every one)")
+    p.add_argument("--head-kinds", nargs="+", default=None, metavar="KIND",
+                   help="head-profile kinds HeadKV and combined read (default: every kind found for the model)")
+    p.add_argument("--values", nargs="+", default=[], metavar="KEY=V1,V2",
+                   help="values tried for a policy or allocation option, e.g. window=8,32,question beta=1.01,1.2")
+    p.add_argument("--keep-selections", type=int, default=2,
+                   help="selections (policy + options) carried from the first stage into the allocation stage")
+    p.add_argument("--no-preset-candidates", action="store_true",
+                   help="do not race the presets beside the generated candidates")
+    p.add_argument("--presets", nargs="+", default=None, metavar="SETTING",
+                   help="settings evaluated beside the chosen one on the held-out items (default: every preset)")
+    p.add_argument("--max-candidates", type=int, default=300,
+                   help="refuse a stage with more candidates per capacity than this")
+    p.add_argument("--eta", type=int, default=3, help="successive halving's factor")
+    p.add_argument("--level", type=float, default=0.9, help="coverage of the bootstrap intervals")
+    p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
+    p.add_argument("--seed", type=int, default=0, help="seed of the split, the bootstrap and bAbI questions")
+    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--no-chat-template", action="store_true")
+    p.add_argument("--no-shared-prefill", action="store_true")
+    p.add_argument("--out", default="tune/tune.json", help="report JSON (eval runs in <stem>.runs/ beside it)")
+    p.add_argument("--plot", default=None, help="figure (default: beside --out); 'none' to skip")
+    add_rerun_arguments(p, log="its eval runs' cell logs", replaced="the eval runs and the outputs")
+    p.set_defaults(func=run)
+
+
+def _fields(text: str) -> dict[str, str]:
+    out = {"context": "context", "question": "input", "answers": "answers"}
+    for part in text.split(","):
+        if "=" not in part or part.split("=", 1)[0] not in out:
+            raise HeadprobeError(f"--fields {text}: expected context=NAME,question=NAME,answers=NAME")
+        k, v = part.split("=", 1)
+        out[k] = v
+    return out
+
+
+def _task(args: argparse.Namespace) -> headprobe.TuneTask:
+    """The task's items and grid (no model needed)."""
+    if args.task == "dataset":
+        if not args.dataset:
+            raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
+        headprobe.check_count("max_length", args.max_length)
+        f = _fields(args.fields)
+        examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
+                                             args.limit)
+        return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
+    depths = headprobe.probe_grid.parse_depths(args.depths)
+    if not args.lengths:
+        raise HeadprobeError("--lengths: give at least one")
+    for length in args.lengths:
+        headprobe.check_count("lengths", length)
+    haystack = headprobe.load_haystack(args.haystack)
+    if args.task == "babi":
+        return headprobe.TuneTask.babi(args.babi_count, args.babi_tasks, args.seed, args.lengths, depths, haystack)
+    path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
+    return headprobe.TuneTask.needles(path, args.needle_ids, args.lengths, depths, haystack)
+
+
+def _capacities(args: argparse.Namespace, identity) -> tuple[list[int], dict | None]:
+    if args.cache_share is None and args.cache_bytes is None:
+        if args.context is not None:
+            raise HeadprobeError("--context goes with --cache-share or --cache-bytes")
+        caps = args.capacities or [64]
+        for c in caps:
+            headprobe.check_count("capacities", c)
+        if len(set(caps)) != len(caps):
+            raise HeadprobeError(f"--capacities {' '.join(map(str, caps))}: a capacity given twice")
+        return list(caps), None
+    if args.context is None:
+        raise HeadprobeError(f"{'--cache-share' if args.cache_share else '--cache-bytes'} needs --context N (the "
+                             "prompt tokens the target is for)")
+    headprobe.check_count("context", args.context)
+    share = headprobe.parse_share(args.cache_share) if args.cache_share is not None else None
+    size = headprobe.parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
+    target = headprobe.MemoryTarget(args.context, share, size, headprobe.cache_dtype(args.dtype, args.device),
+                                    args.max_new_tokens)
+    cap, record = headprobe.capacity_for(target, identity)
+    return [cap], record
+
+
+def run(args: argparse.Namespace) -> int:
+    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+        return _tune(args, ranks)
+
+
+def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
+    headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    rule = headprobe.HalvingRule(args.eta, args.level, args.resamples, args.seed)
+    space = headprobe.SearchSpace(tuple(args.policies or ()), tuple(args.allocations or ()),
+                                  headprobe.parse_tune_values(args.values), tuple(args.head_kinds or ()),
+                                  args.keep_selections, not args.no_preset_candidates)
+    space.check()
+    presets = list(args.presets) if args.presets is not None else list(headprobe.EVAL_PRESETS)
+    for s in headprobe.expand_settings(presets, [64]):
+        s.check_policy()
+    identity = headprobe.model_shape(args.model)        # the model's shape, without its weights
+    capacities, memory = _capacities(args, identity)
+    found = {k: f[0].profile for k in ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
+             if (f := headprobe.find_profiles(identity, k))}
+    n_sel, n_alloc = headprobe.count_candidates(space, found)
+    if max(n_sel, n_alloc) > args.max_candidates:
+        raise HeadprobeError(f"--max-candidates {args.max_candidates}: the space has {n_sel} selections and up to "
+                             f"{n_alloc} allocation-stage candidates per capacity; narrow it (--policies, "
+                             "--allocations, --head-kinds, --values) or raise --max-candidates")
+    out = Path(args.out)
+    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
+        else out.with_suffix(".png")
+    if ranks.is_main:
+        headprobe.check_tune_outputs(out, capacities, plot, args.resume, args.force)
+    task = _task(args)
+    split = headprobe.split_items(task.ids, args.holdout_ids, args.holdout_share, args.seed)
+    request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
+                                    not args.no_chat_template, not args.no_shared_prefill, memory=memory)
+    if ranks.is_main:
+        print(f"tune: {len(split.calibration)} calibration items ({', '.join(split.calibration)}), "
+              f"{len(split.holdout)} held out ({', '.join(split.holdout)}); capacities {capacities}; "
+              f"{n_sel} selections, up to {n_alloc} allocation-stage candidates per capacity")
+    lm = load_model(args, ranks)
+
+    def progress(description: str, total: int):
+        return tqdm_progress(total, description)
+
+    outcome = headprobe.run_tune(lm, request, out, ranks, resume=args.resume, force=args.force,
+                                 progress=progress)
+    if not ranks.is_main:
+        rank_note(ranks, "done; rank 0 writes the report")
+        return 0
+    report = headprobe.write_tune_outputs(lm, outcome, out, plot, resumed=args.resume)
+    print(headprobe.format_tune_report(report))
+    for name in report["files"].values():
+        print(f"wrote {out.parent / name}")
+    return 0

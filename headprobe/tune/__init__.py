@@ -1,0 +1,42 @@
+"""``headprobe tune``: the setting that keeps the most accuracy at a memory, found as an eval run as a search.
+
+- :mod:`.space`: the candidates (policies, their selection options, allocations and their option values);
+- :mod:`.halving`: successive halving with a paired bootstrap race, and the rung schedule;
+- :mod:`.split`: calibration and held-out items;
+- :mod:`.memory`: a memory target (share or bytes at a context) as tokens per KV head;
+- :mod:`.runner`: the two stages and the held-out eval, every trial an eval trial;
+- :mod:`.report` and :mod:`.figure`: the report, the chosen budget maps and setting strings, the figure.
+
+Names are imported from their modules on first use (see :mod:`headprobe.lazy_exports`).
+"""
+
+from __future__ import annotations
+
+from ..lazy_exports import lazy_exports
+
+__getattr__, __dir__, __all__ = lazy_exports(__name__, {
+    "HalvingRule": "halving",
+    "rank_rung": "halving",
+    "rung_items": "halving",
+    "MemoryTarget": "memory",
+    "capacity_for": "memory",
+    "parse_bytes": "memory",
+    "parse_share": "memory",
+    "TUNE_FORMAT": "report",
+    "TUNE_VERSION": "report",
+    "check_tune_outputs": "report",
+    "format_report": "report",
+    "load_report": "report",
+    "write_outputs": "report",
+    "TuneRequest": "runner",
+    "TuneTask": "runner",
+    "run_tune": "runner",
+    "runs_dir": "runner",
+    "POLICY_SEARCH": "space",
+    "SearchSpace": "space",
+    "count_candidates": "space",
+    "parse_values": "space",
+    "Split": "split",
+    "split_items": "split",
+    "tune_figure": "figure",
+})

@@ -1,0 +1,150 @@
+"""A memory target as tokens per KV head: ``--cache-share 5%`` or ``--cache-bytes 2GiB`` at a context length.
+
+The bytes are those of headprobe's runtime, as ``headprobe explain`` computes them without a model
+(:func:`~headprobe.explain.engines.headprobe_runtime.runtime_allocation`: kept tokens, decode room, one
+spare row, positions and segment metadata, sliding-window layers at their window). The capacity is the
+largest number of tokens per KV head whose uniform cache allocates no more than the target at prefill;
+a share is of the full cache's keys and values at that context (:meth:`Explanation.share
+<headprobe.explain.explanation.Explanation.share>`, the ``share`` ``explain`` reports).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import HeadprobeError, param
+from ..models.identity import ModelIdentity
+
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+          "gib": 2**30, "tib": 2**40}
+
+
+def parse_bytes(text: str) -> int:
+    """``"2GiB"`` → 2147483648; ``"500MB"``, ``"1.5 GiB"``, ``"123456"`` (bytes).
+
+    Raises
+    ------
+    HeadprobeError
+        Text that is not a positive size.
+    """
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][0-9]+)?)\s*([A-Za-z]*)\s*", str(text))
+    if m is None or m.group(2).lower() not in _UNITS or float(m.group(1)) <= 0:
+        raise HeadprobeError(f"{param('cache_bytes', text)}: expected a size such as 2GiB, 500MB or 123456 (bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_share(text: str) -> float:
+    """``"5%"`` → 0.05; ``"0.05"`` → 0.05.
+
+    Raises
+    ------
+    HeadprobeError
+        Text that is not a share in (0, 1].
+    """
+    s = str(text).strip()
+    try:
+        value = float(s[:-1]) / 100 if s.endswith("%") else float(s)
+    except ValueError:
+        value = -1.0
+    if not 0 < value <= 1:
+        raise HeadprobeError(f"{param('cache_share', text)}: expected a share of the full cache such as 5% or 0.05")
+    return value
+
+
+@dataclass(frozen=True)
+class MemoryTarget:
+    """A cache size to tune for.
+
+    Attributes
+    ----------
+    context
+        Prompt tokens the target is for.
+    share
+        Share of the full cache's bytes at ``context`` (or ``None``).
+    bytes
+        Bytes of the cache at prefill (or ``None``).
+    dtype
+        Element type of the cache (``float32``, ``bfloat16``, ``float16``).
+    max_new_tokens, batch
+        Decoding room and sequences the cache holds.
+    """
+
+    context: int
+    share: float | None = None
+    bytes: int | None = None
+    dtype: str = "bfloat16"
+    max_new_tokens: int = 24
+    batch: int = 1
+
+    def __post_init__(self) -> None:
+        if (self.share is None) == (self.bytes is None):
+            raise HeadprobeError(f"give {param('cache_share')} or {param('cache_bytes')}, one of them")
+
+
+def _uniform_bytes(identity: ModelIdentity, capacity: int, setting: Any) -> tuple[int, Any]:
+    """(bytes at prefill, the explanation) of a uniform cache of ``capacity`` tokens per KV head."""
+    from ..allocation.api import allocate
+    from ..explain.engines.headprobe_runtime import runtime_allocation
+    from ..explain.explanation import Explanation
+
+    bm = allocate("uniform", [], identity, capacity=capacity, window=0)
+    runtime = runtime_allocation(bm, identity, setting, "snapkv", {"window": 1})
+    if not runtime.runs:
+        raise HeadprobeError(f"capacity {capacity}: the runtime cannot run it")
+    explanation = Explanation(identity, setting, {}, runtime.held, bm, {"policy": "snapkv", "options": {}}, [runtime])
+    return int(runtime.bytes_prefill), explanation
+
+
+def capacity_for(target: MemoryTarget, identity: ModelIdentity) -> tuple[int, dict[str, Any]]:
+    """The most tokens per KV head whose runtime cache fits ``target``, and how it was found.
+
+    Returns
+    -------
+    capacity, record
+        ``record`` is the target's JSON with the capacity's bytes and share beside it.
+
+    Raises
+    ------
+    HeadprobeError
+        A target below what one token per head allocates, or above a full cache at the context.
+    """
+    from ..explain.setting import Setting
+
+    setting = Setting(target.context, target.batch, target.dtype, target.max_new_tokens)
+    full = _uniform_bytes(identity, target.context, setting)[1].full_bytes()
+    limit = target.bytes if target.bytes is not None else target.share * full
+    what = (f"{param('cache_bytes', target.bytes)}" if target.bytes is not None
+            else f"{param('cache_share', f'{target.share:.4g}')}")
+    low_bytes = _uniform_bytes(identity, 1, setting)[0]
+    if low_bytes > limit:
+        raise HeadprobeError(f"{what}: one token per KV head already allocates {low_bytes} bytes at "
+                             f"{target.context} tokens ({target.dtype})")
+    lo, hi = 1, target.context
+    if _uniform_bytes(identity, hi, setting)[0] <= limit:
+        raise HeadprobeError(f"{what}: a full cache of {target.context} tokens fits; nothing to tune")
+    while hi - lo > 1:                         # bytes grow with the capacity: largest fitting one
+        mid = (lo + hi) // 2
+        if _uniform_bytes(identity, mid, setting)[0] <= limit:
+            lo = mid
+        else:
+            hi = mid
+    used, explanation = _uniform_bytes(identity, lo, setting)
+    record = {"context": target.context, "dtype": target.dtype, "max_new_tokens": target.max_new_tokens,
+              "batch": target.batch, "share": target.share, "bytes": target.bytes, "capacity": lo,
+              "capacity_bytes": used, "capacity_share": explanation.share(used), "full_cache_bytes": full}
+    return lo, record
+
+
+def cache_dtype(dtype: str, device: str | None) -> str:
+    """The cache's element type for ``--dtype`` and ``--device`` (``auto``: bfloat16 on a GPU, else float32)."""
+    if dtype != "auto":
+        return dtype
+    import torch
+
+    on_gpu = torch.cuda.is_available() and (device is None or not str(device).startswith("cpu"))
+    return "bfloat16" if on_gpu else "float32"
+
+
+__all__ = ("MemoryTarget", "cache_dtype", "capacity_for", "parse_bytes", "parse_share")

@@ -1,0 +1,536 @@
+"""``run_tune``: eval run as a search, in two stages of successive-halving races, then a held-out eval.
+
+Every trial is an eval trial and every batch of trials an eval run (:func:`~headprobe.eval.run_eval`, or
+:func:`~headprobe.eval.run_dataset_eval` for a dataset), written as an eval result and cell log in the
+tune's run folder (``<out stem>.runs/``): one shared prompt forward per item serves every candidate of
+every capacity whose policy prefills with plain attention, an interrupted run resumes cell by cell, and
+torchrun ranks split each run as they split an eval.
+
+1. **Selection stage**: every selection of the space (policy and the options that decide what a budget
+   keeps) with uniform budgets, per capacity; a race (:mod:`headprobe.tune.halving`) over the calibration
+   items ranks them.
+2. **Allocation stage**: the best ``keep_selections`` selections of stage 1 crossed with every allocation
+   of the space, plus the presets whose policy is searched; a second race chooses one setting per capacity.
+3. **Held-out eval**: the full cache, every preset and the chosen settings on the held-out items.
+
+Races of all capacities run rung by rung together, so a prompt forward serves all of them. Which trials
+run next depends only on the scores of earlier ones, so a resumed run (or a run over several ranks) makes
+the same decisions and asks for the same eval runs, which then resume from their logs: nothing finished
+is run again.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import HeadprobeError
+from ..eval.presets import PRESETS, QUESTION_WINDOW
+from ..eval.settings import EvalSetting, expand_settings
+from .halving import HalvingRule, Standing, rank_rung, rung_items
+from .space import (
+    UNIFORM,
+    SearchSpace,
+    allocations,
+    candidate,
+    canonical,
+    dedupe,
+    preset_seeds,
+    selection_of,
+    selections,
+)
+from .split import Split
+
+#: ``progress(description, total)`` → a callable advanced by the trials just finished.
+ProgressFactory = Callable[[str, int], Callable[[int], None]]
+
+
+@dataclass
+class TuneTask:
+    """What the candidates are asked: eval items over a length × depth grid, or dataset examples.
+
+    Attributes
+    ----------
+    kind
+        ``needle``, ``babi`` or ``dataset``.
+    items
+        :class:`~headprobe.eval.EvalItem` of a grid task (``None`` for a dataset).
+    examples
+        :class:`~headprobe.eval.QAExample` of a dataset (``None`` for a grid).
+    lengths, depths
+        The grid (a dataset: ``[max_length]`` and ``[None]``).
+    haystack
+        The haystack of a grid task.
+    description
+        The eval result's ``task`` block.
+    """
+
+    kind: str
+    lengths: list[int]
+    depths: list[float | None]
+    description: dict[str, Any]
+    items: list[Any] | None = None
+    examples: list[Any] | None = None
+    haystack: Any = None
+
+    @classmethod
+    def needles(cls, path: str | Path, ids: Sequence[str] | None, lengths: Sequence[int], depths: Sequence[float],
+                haystack: Any) -> TuneTask:
+        """The needle task: the needles of ``path`` (``ids`` of them, or all) over a length × depth grid.
+
+        The description names the needle file portably (a shipped file by its place among the shipped
+        haystacks, with its fingerprint), so a run resumes from its logs wherever the files lie.
+        """
+        from ..eval.items import items_from_needles
+        from ..haystack.needles import load_needles, needle_set_record
+        from ..probes.run import portable_file_name
+
+        needles = load_needles(path, list(ids) if ids else None)
+        description = {"kind": "needle", "needles": needle_set_record([Path(path)], needles, portable_file_name),
+                       **_haystack_record(haystack)}
+        return cls("needle", list(lengths), list(depths), description, items=items_from_needles(needles),
+                   haystack=haystack)
+
+    @classmethod
+    def babi(cls, count: int, tasks: Sequence[str], seed: int, lengths: Sequence[int], depths: Sequence[float],
+             haystack: Any) -> TuneTask:
+        """bAbI-style questions (:func:`~headprobe.eval.babi.generate_questions`) over a length × depth grid."""
+        from ..eval.babi import generate_questions
+        from ..eval.items import items_from_babi
+
+        items = items_from_babi(generate_questions(count, list(tasks), seed))
+        description = {"kind": "babi", "count": count, "tasks": list(tasks), "seed": seed,
+                       **_haystack_record(haystack)}
+        return cls("babi", list(lengths), list(depths), description, items=items, haystack=haystack)
+
+    @classmethod
+    def dataset(cls, examples: Sequence[Any], name: str, max_length: int) -> TuneTask:
+        """Rows of a QA dataset (:func:`~headprobe.eval.load_qa_dataset`), each prompt cut to ``max_length``."""
+        return cls("dataset", [max_length], [None], {"dataset": name}, examples=list(examples))
+
+    @property
+    def ids(self) -> list[str]:
+        return [i.id for i in (self.items if self.items is not None else self.examples)]
+
+    def subset(self, ids: Sequence[str]) -> list[Any]:
+        chosen = set(ids)
+        return [i for i in (self.items if self.items is not None else self.examples) if i.id in chosen]
+
+    def trial_keys(self, ids: Sequence[str]) -> list[tuple[str, int, float | None]]:
+        """``(item, length, depth)`` of every trial of ``ids``, sorted (the order the bootstrap reads them in)."""
+        return sorted(((i, L, d) for i in ids for L in self.lengths for d in self.depths),
+                      key=lambda k: (k[0], k[1], -1.0 if k[2] is None else k[2]))
+
+
+def _haystack_record(haystack: Any) -> dict[str, Any]:
+    return {"haystack": haystack.name, "haystack_fingerprint": haystack.fingerprint}
+
+
+@dataclass
+class TuneRequest:
+    """What to tune.
+
+    Attributes
+    ----------
+    capacities
+        Mean tokens per KV head to tune for.
+    space
+        The search space.
+    split
+        Calibration and held-out items.
+    task
+        The task.
+    rule
+        How races drop candidates.
+    presets
+        Presets evaluated on the held-out items beside the chosen settings (default: every preset).
+    max_new_tokens, chat_template, share_prefill, profile_dirs
+        As in :class:`~headprobe.eval.EvalRequest`.
+    memory
+        The memory target the capacity came from (:func:`~headprobe.tune.memory.capacity_for`), if any.
+    """
+
+    capacities: list[int]
+    space: SearchSpace
+    split: Split
+    task: TuneTask
+    rule: HalvingRule = field(default_factory=HalvingRule)
+    presets: list[str] = field(default_factory=lambda: list(PRESETS))
+    max_new_tokens: int = 24
+    chat_template: bool = True
+    share_prefill: bool = True
+    profile_dirs: list[Path] | None = None
+    memory: dict[str, Any] | None = None
+
+
+def runs_dir(out: str | Path) -> Path:
+    """``<dir>/<stem>.runs``: the folder of a tune's eval runs, beside its report."""
+    out = Path(out)
+    return out.with_name(out.stem + ".runs")
+
+
+# ---- the trials found so far --------------------------------------------------------------------------
+
+class TrialStore:
+    """Every trial finished so far, by setting label and ``(item, length, depth)``."""
+
+    def __init__(self) -> None:
+        self.trials: dict[tuple[str, tuple[str, int, float | None]], dict[str, Any]] = {}
+
+    def add_cells(self, cells: Sequence[dict[str, Any]]) -> None:
+        for cell in cells:
+            for t in cell["trials"]:
+                self.trials[(cell["setting"], (t["item"], cell["length"], cell["depth"]))] = t
+
+    def has(self, label: str, keys: Sequence[tuple]) -> bool:
+        return all((label, k) in self.trials for k in keys)
+
+    def scores(self, label: str, keys: Sequence[tuple]) -> list[float]:
+        return [float(self.trials[(label, k)]["score"]) for k in keys]
+
+    def of(self, label: str) -> list[tuple[tuple, dict[str, Any]]]:
+        """Every trial of ``label``, sorted by key."""
+        found = [(k, t) for (lab, k), t in self.trials.items() if lab == label]
+        return sorted(found, key=lambda kt: (kt[0][0], kt[0][1], -1.0 if kt[0][2] is None else kt[0][2]))
+
+    def mean_bytes(self, label: str) -> float:
+        trials = [t for _, t in self.of(label)]
+        return float(np.mean([t["cache_bytes"] for t in trials])) if trials else 0.0
+
+
+# ---- one eval run ---------------------------------------------------------------------------------------
+
+@dataclass
+class RunRecord:
+    """One eval run of the tune: which settings on which items, its file and what it cost here."""
+
+    name: str
+    stage: str
+    settings: int
+    items: list[str]
+    trials: int
+    wall_s: float
+    cpu_s: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.name, "stage": self.stage, "settings": self.settings, "items": self.items,
+                "trials": self.trials, "wall_s": round(self.wall_s, 2), "cpu_s": round(self.cpu_s, 2)}
+
+
+class TuneRuns:
+    """Runs eval over the tune's run folder, rank-aware, and keeps every trial in a :class:`TrialStore`."""
+
+    def __init__(self, lm: Any, request: TuneRequest, out: str | Path, ranks: Any, resume: bool, force: bool,
+                 progress: ProgressFactory | None) -> None:
+        self.lm, self.request, self.ranks = lm, request, ranks
+        self.folder = runs_dir(out)
+        self.resume, self.force, self.progress = resume, force, progress
+        self.store = TrialStore()
+        self.records: list[RunRecord] = []
+
+    def run(self, name: str, stage: str, settings: list[EvalSetting], ids: Sequence[str]) -> list[dict[str, Any]]:
+        """Run ``settings`` on the items ``ids`` as one eval run ``<runs>/<name>.json``; every rank gets the
+        merged cells."""
+        from ..distributed.eval_ranks import run_dataset_eval_on_ranks, run_eval_on_ranks
+        from ..distributed.tune_ranks import share_from_main
+        from ..eval.runner import EvalRequest
+
+        req, task = self.request, self.request.task
+        self.folder.mkdir(parents=True, exist_ok=True)
+        path = self.folder / f"{name}.json"
+        items = task.subset(ids)
+        total = len(items) * len(settings) * len(task.lengths) * len(task.depths)
+        advance = self.progress(f"{stage} ({len(settings)} settings, {len(items)} items)", total) \
+            if self.progress and self.ranks.is_main else None
+        wall, cpu = time.perf_counter(), time.process_time()
+        if task.kind == "dataset":
+            result = run_dataset_eval_on_ranks(self.lm, items, settings, path, self.ranks, task.lengths[0],
+                                               req.max_new_tokens, str(task.description.get("dataset")),
+                                               req.chat_template, self.resume, self.force, advance)
+        else:
+            request = EvalRequest(settings, items, list(task.lengths), list(task.depths), task.haystack,
+                                  dict(task.description), req.max_new_tokens, req.chat_template, req.profile_dirs,
+                                  req.share_prefill)
+            result = run_eval_on_ranks(self.lm, request, path, self.ranks, resume=self.resume, force=self.force,
+                                       progress=advance)
+        cells = share_from_main(self.ranks, result.cells)
+        self.store.add_cells(cells)
+        trials = sum(len(c["trials"]) for c in cells)
+        self.records.append(RunRecord(path.name, stage, len(settings), list(ids), trials,
+                                      time.perf_counter() - wall, time.process_time() - cpu))
+        return cells
+
+
+# ---- checking candidates against the model --------------------------------------------------------------
+
+def setting_problem(lm: Any, setting: EvalSetting, task: TuneTask, profile_dirs: list[Path] | None,
+                    windows: dict[str, int]) -> str | None:
+    """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
+    (a missing profile, a capacity no larger than its window) or a question window does not fit."""
+    from ..eval.runner import resolve_budgets
+
+    try:
+        setting.check_policy()
+        budgets = resolve_budgets(lm, [setting], profile_dirs)
+        if setting.question_window:
+            if task.kind == "dataset":
+                return "window=question needs a prompt whose question the harness placed"
+            for item, window in windows.items():
+                try:
+                    budgets[setting.label](window)
+                except HeadprobeError as exc:
+                    return f"{exc} (item {item})"
+    except HeadprobeError as exc:
+        return str(exc)
+    return None
+
+
+def question_windows(lm: Any, task: TuneTask) -> dict[str, int]:
+    """Every item's question window (tokens from its question to the end of the prompt), measured on its
+    prompt at the first length and depth; empty for a dataset."""
+    if task.kind == "dataset":
+        return {}
+    from ..eval.runner import EvalRequest, GridPrompts
+
+    request = EvalRequest([], task.items, list(task.lengths), list(task.depths), task.haystack, {})
+    prompts = GridPrompts(lm, request)
+    prompts.check_lengths()
+    return {i.id: prompts(i, task.lengths[0], task.depths[0]).question_window for i in task.items}
+
+
+# ---- races ------------------------------------------------------------------------------------------------
+
+@dataclass
+class Race:
+    """One capacity's race in one stage.
+
+    Attributes
+    ----------
+    capacity
+        Tokens per KV head.
+    candidates
+        The settings raced (in the order generated).
+    origin
+        Label → ``"generated"``, ``"preset"`` or ``"carried"`` (a stage-1 selection with uniform budgets).
+    skipped
+        Label → why a generated setting could not run (never raced).
+    rungs
+        Per rung: ``{"rung", "items", "trials", "standings": [Standing, ...]}``.
+    """
+
+    capacity: int
+    candidates: list[EvalSetting]
+    origin: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+    rungs: list[dict[str, Any]] = field(default_factory=list)
+
+    def alive(self) -> list[EvalSetting]:
+        if not self.rungs:
+            return list(self.candidates)
+        kept = {s.label for s in self.rungs[-1]["standings"] if s.kept}
+        return [c for c in self.candidates if c.label in kept]
+
+    def final(self) -> list[Standing]:
+        return list(self.rungs[-1]["standings"]) if self.rungs else []
+
+    def ranking(self) -> list[str]:
+        """Every raced label, best first: by the last rung it ran on (later first), then its rank there."""
+        last: dict[str, tuple[int, int]] = {}
+        for r in self.rungs:
+            for st in r["standings"]:
+                last[st.label] = (r["rung"], st.rank)
+        return sorted(last, key=lambda lab: (-last[lab][0], last[lab][1]))
+
+
+def _run_races(runs: TuneRuns, stage: str, races: list[Race], calibration: Sequence[str], rule: HalvingRule) -> None:
+    """Run the races of every capacity of a stage rung by rung, the trials of all capacities together."""
+    task = runs.request.task
+    sizes = rung_items(len(calibration), rule.eta)
+    for r, m in enumerate(sizes):
+        last = r == len(sizes) - 1
+        ids = list(calibration[:m])
+        keys = task.trial_keys(ids)
+        fields_ = [race.alive() for race in races]
+        _ensure(runs, f"{stage}-r{r}", [c for f in fields_ for c in f], ids)
+        for race, field_ in zip(races, fields_):
+            labels = [c.label for c in field_]
+            scores = np.array([runs.store.scores(lab, keys) for lab in labels])
+            standings = rank_rung(labels, scores, rule, last, {lab: runs.store.mean_bytes(lab) for lab in labels})
+            race.rungs.append({"rung": r, "items": m, "trials": len(keys), "standings": standings})
+
+
+def _ensure(runs: TuneRuns, name: str, settings: Sequence[EvalSetting], ids: Sequence[str]) -> None:
+    """Run every setting on the items of ``ids`` it has no trials on yet; settings missing the same items run
+    together (one eval run each such group, ``<name>[-k].json``)."""
+    task = runs.request.task
+    groups: dict[tuple[str, ...], list[EvalSetting]] = {}
+    seen: set[str] = set()
+    for s in settings:
+        if s.label in seen:
+            continue
+        seen.add(s.label)
+        missing = tuple(i for i in ids if not runs.store.has(s.label, task.trial_keys([i])))
+        if missing:
+            groups.setdefault(missing, []).append(s)
+    for k, (missing, group) in enumerate(sorted(groups.items(), key=lambda g: (-len(g[0]), g[0]))):
+        runs.run(name if k == 0 else f"{name}-{k}", name, group, missing)
+
+
+# ---- the whole tune ---------------------------------------------------------------------------------------
+
+@dataclass
+class TuneOutcome:
+    """What :func:`run_tune` found (the report is built from it, :mod:`headprobe.tune.report`).
+
+    Attributes
+    ----------
+    request
+        The request.
+    stage1, stage2
+        Races per capacity.
+    chosen
+        Capacity → the chosen setting.
+    holdout
+        The held-out eval's settings (:meth:`EvalSetting.to_json`) and trials by label.
+    holdout_skipped
+        Label → why a preset could not run.
+    windows
+        Item → question window (grid tasks).
+    runs
+        The eval runs, in order, with what they cost in this process.
+    store
+        Every trial.
+    wall_s, cpu_s
+        This process's wall and CPU seconds.
+    held_as
+        Capacity → the label the chosen setting ran under on the held-out items (a preset's when the chosen
+        setting runs the same as a preset).
+    """
+
+    request: TuneRequest
+    stage1: list[Race]
+    stage2: list[Race]
+    chosen: dict[int, EvalSetting]
+    holdout_settings: list[EvalSetting]
+    holdout_skipped: dict[str, str]
+    windows: dict[str, int]
+    runs: list[RunRecord]
+    store: TrialStore
+    wall_s: float = 0.0
+    cpu_s: float = 0.0
+    held_as: dict[int, str] = field(default_factory=dict)
+
+
+def _found_profiles(lm: Any, profile_dirs: list[Path] | None) -> dict[str, Any]:
+    from ..allocation.api import find_profiles
+    from .space import HEAD_KINDS
+
+    out = {}
+    for kind in (*HEAD_KINDS, "layer_retention"):
+        found = find_profiles(lm.identity, kind, profile_dirs)
+        if found:
+            out[kind] = found[0].profile
+    return out
+
+
+def _checked(lm: Any, request: TuneRequest, settings: Sequence[EvalSetting], windows: dict[str, int],
+             skipped: dict[str, str]) -> list[EvalSetting]:
+    ok = []
+    for s in settings:
+        problem = setting_problem(lm, s, request.task, request.profile_dirs, windows)
+        if problem is None:
+            ok.append(s)
+        else:
+            skipped[s.label] = problem
+    return ok
+
+
+def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, resume: bool = False,
+             force: bool = False, progress: ProgressFactory | None = None) -> TuneOutcome:
+    """Search the space on the calibration items, then evaluate the chosen settings and the presets on the
+    held-out ones. Writes the eval runs into :func:`runs_dir` of ``out`` (the report is written by
+    :func:`headprobe.tune.report.write_outputs`).
+
+    Parameters
+    ----------
+    lm
+        A :class:`~headprobe.LoadedModel`.
+    request
+        What to tune.
+    out
+        The report's path (the run folder is beside it).
+    ranks
+        :class:`~headprobe.Ranks` of a torchrun launch (default: one process).
+    resume, force
+        Continue the eval runs from their logs, or replace them.
+    progress
+        ``progress(description, total)`` → a callable advanced by finished trials.
+
+    Raises
+    ------
+    HeadprobeError
+        No candidate can run at a capacity, lengths the model or haystack cannot hold, or an eval run's
+        refusal (a log made with other settings, held by another run, ...).
+    """
+    from ..distributed.ranks import Ranks
+
+    ranks = ranks or Ranks()
+    wall, cpu = time.perf_counter(), time.process_time()
+    space, task, rule = request.space, request.task, request.rule
+    windows = question_windows(lm, task)
+    runs = TuneRuns(lm, request, out, ranks, resume, force, progress)
+    profiles = _found_profiles(lm, request.profile_dirs)
+    sels, allocs = selections(space), allocations(space, profiles)
+    calibration = list(request.split.calibration)
+
+    stage1 = []
+    for cap in request.capacities:
+        race = Race(cap, [])
+        generated = dedupe([candidate(s, UNIFORM, cap) for s in sels])
+        race.candidates = _checked(lm, request, generated, windows, race.skipped)
+        race.origin = {c.label: "generated" for c in race.candidates}
+        if not race.candidates:
+            raise HeadprobeError(f"capacity {cap}: no selection of the space can run ("
+                                 + "; ".join(f"{k}: {v}" for k, v in list(race.skipped.items())[:2]) + ")")
+        stage1.append(race)
+    _run_races(runs, "selection", stage1, calibration, rule)
+
+    stage2 = []
+    for race1 in stage1:
+        cap = race1.capacity
+        best = race1.ranking()[:space.keep_selections]
+        by_label = {c.label: c for c in race1.candidates}
+        carried = [by_label[lab] for lab in best]
+        race = Race(cap, [])
+        seeds = preset_seeds(space, cap) if space.presets else []
+        generated = [candidate(selection_of(c), a, cap) for c in carried for a in allocs if a != UNIFORM]
+        pool = dedupe([*carried, *seeds, *generated])
+        origin = {c.label: "carried" for c in carried}
+        for seed in seeds:
+            origin.setdefault(seed.label, "preset")
+        ok = _checked(lm, request, [c for c in pool if origin.get(c.label) != "carried"], windows, race.skipped)
+        race.candidates = [c for c in pool if origin.get(c.label) == "carried" or c in ok]
+        race.origin = {c.label: origin.get(c.label, "generated") for c in race.candidates}
+        stage2.append(race)
+    _run_races(runs, "allocation", stage2, calibration, rule)
+    chosen = {race.capacity: next(c for c in race.candidates if c.label == race.final()[0].label) for race in stage2}
+
+    held = list(request.split.holdout)
+    holdout_skipped: dict[str, str] = {}
+    presets = _checked(lm, request, expand_settings(list(request.presets), list(request.capacities)), windows,
+                       holdout_skipped)
+    holdout = dedupe([*presets, *chosen.values()])
+    same = {canonical(s): s.label for s in holdout}
+    held_as = {cap: same[canonical(c)] for cap, c in chosen.items()}     # a preset's label when it is one
+    _ensure(runs, "holdout", holdout, held)
+    return TuneOutcome(request, stage1, stage2, chosen, holdout, holdout_skipped, windows, runs.records, runs.store,
+                       time.perf_counter() - wall, time.process_time() - cpu, held_as)
+
+
+__all__ = ("QUESTION_WINDOW", "Race", "TrialStore", "TuneOutcome", "TuneRequest", "TuneRuns", "TuneTask",
+           "question_windows", "run_tune", "runs_dir", "setting_problem")
