@@ -189,7 +189,8 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     if not ranks.is_main:
         rank_note(ranks, "done; rank 0 writes the report")
         return 0
-    report = headprobe.write_tune_outputs(lm, outcome, out, plot, resumed=args.resume)
+    report = headprobe.write_tune_outputs(lm, outcome, out, plot, resumed=args.resume,
+                                         replace=bool(args.force or args.resume))
     print(headprobe.format_tune_report(report))
     for name in report["files"].values():
         print(f"wrote {out.parent / name}")

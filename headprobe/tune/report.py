@@ -275,10 +275,15 @@ def build_report(outcome: TuneOutcome, lm: Any, files: dict[str, str], strings: 
 
 
 def write_outputs(lm: Any, outcome: TuneOutcome, out: str | Path, figure: str | Path | None = None,
-                  resumed: bool = False) -> dict[str, Any]:
+                  resumed: bool = False, replace: bool = False) -> dict[str, Any]:
     """Write the budget maps, the report and its figure (rank 0); returns the report.
 
-    The outputs were checked before the run (:func:`check_tune_outputs`), so they are replaced here.
+    Parameters
+    ----------
+    replace
+        Whether existing outputs may be replaced: what :func:`check_tune_outputs` allowed before the run
+        (``force``, or ``resume`` of the run that wrote them). Without it a file that appeared while the
+        run worked (another run's) is refused as it is written, and nothing of it is replaced.
     """
     out = Path(out)
     folder = out.parent
@@ -288,7 +293,7 @@ def write_outputs(lm: Any, outcome: TuneOutcome, out: str | Path, figure: str | 
         path = map_path(out, cap)
         window = chosen_window(setting, outcome.windows)
         bm = chosen_map(lm, setting, window, outcome.request.profile_dirs, out)
-        bm.save(path)
+        bm.save(path, force=replace)
         files[f"budget_map_{cap}"] = path.name
         strings[cap] = map_setting_string(setting, path)
         check = EvalSetting.parse(strings[cap])
@@ -298,12 +303,12 @@ def write_outputs(lm: Any, outcome: TuneOutcome, out: str | Path, figure: str | 
         files["figure"] = str(Path(figure).resolve().relative_to(folder.resolve())) \
             if Path(figure).resolve().is_relative_to(folder.resolve()) else str(figure)
     report = build_report(outcome, lm, files, strings, resumed)
-    atomic_write_json(out, report)
+    atomic_write_json(out, report, overwrite=replace)
     if figure is not None:
         from ..plots.profile_figures import save_figure
         from .figure import tune_figure
 
-        save_figure(tune_figure(report), figure, force=True)
+        save_figure(tune_figure(report), figure, force=replace)
     return report
 
 

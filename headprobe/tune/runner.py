@@ -88,7 +88,7 @@ class TuneTask:
         """
         from ..eval.items import items_from_needles
         from ..haystack.needles import load_needles, needle_set_record
-        from ..probes.run import portable_file_name
+        from ..probes.log_settings import portable_file_name
 
         needles = load_needles(path, list(ids) if ids else None)
         description = {"kind": "needle", "needles": needle_set_record([Path(path)], needles, portable_file_name),

@@ -5,7 +5,7 @@ budget keeps) and an *allocation* (how the budget is split over layers and heads
 
 - selections: every policy of :data:`~headprobe.runtime.POLICIES` that reads budgets, crossed with the
   values of :data:`POLICY_SEARCH` for the options it declares (the observation window only for the
-  policies that observe one, :data:`~headprobe.eval.presets.OBSERVING_POLICIES`);
+  policies that observe one, ``observes_window``);
 - allocations: every registered allocator (:data:`~headprobe.allocation.registry.ALLOCATORS`) whose
   profiles exist for the model (each head-profile kind found for a head-score allocator), crossed with the
   values its options dataclass declares for the search (``option(..., search=...)``; an option declared
@@ -26,7 +26,7 @@ from typing import Any
 
 from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
-from ..eval.presets import OBSERVING_POLICIES, PRESETS, QUESTION_WINDOW
+from ..eval.presets import PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, expand_settings, make_setting
 
 #: The policy options ``headprobe tune`` searches, and the values it tries (each where the policy declares
@@ -240,8 +240,9 @@ def searched_policy_options(policy: str) -> tuple[str, ...]:
     """The options of :data:`POLICY_SEARCH` that ``policy`` declares (the window only where it observes)."""
     from ..runtime import POLICIES
 
-    names = POLICIES[policy].option_names()
-    return tuple(k for k in POLICY_SEARCH if k in names and (k != "window" or policy in OBSERVING_POLICIES))
+    cls = POLICIES[policy]
+    names = cls.option_names()
+    return tuple(k for k in POLICY_SEARCH if k in names and (k != "window" or cls.observes_window))
 
 
 def selections(space: SearchSpace) -> list[Selection]:

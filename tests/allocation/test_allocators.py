@@ -307,8 +307,9 @@ def test_every_registered_method_runs_by_name_on_the_profiles_it_needs():
 def test_missing_profiles_name_every_kind_the_method_reads():
     with pytest.raises(HeadprobeError) as info:
         allocate("combined", [head_profile()])
-    assert str(info.value) == ("method combined needs a head-score profile (retrieval, enhanced_retrieval or "
-                               "retrieval_reasoning) and a layer_retention profile; make one with "
+    assert str(info.value) == ("method combined needs a head-score profile (retrieval, enhanced_retrieval, "
+                               "retrieval_reasoning, context_retrieval, context_enhanced_retrieval or query_focus) "
+                               "and a layer_retention profile; make one with "
                                "`headprobe profile --probe retrieval_reasoning layer_retention`")
 
 

@@ -66,3 +66,22 @@ def test_a_needle_task_names_its_needle_file_portably():
     assert record["path"] == "needles/retrieval.jsonl" and record["shipped"] is True
     assert record["ids"] == task.ids == ["r02", "r01"] and len(record["fingerprint"]) > 8   # as given
     assert task.description["kind"] == "needle"
+
+
+def test_outputs_another_run_wrote_meanwhile_are_refused_not_replaced(tiny_llama, tmp_path):
+    questions = headprobe.generate_questions(2, list(headprobe.BABI_TASKS), seed=0)
+    task = TuneTask("babi", [200], [0.5], {"kind": "babi"}, items=headprobe.items_from_babi(questions),
+                    haystack=headprobe.load_haystack())
+    request = TuneRequest([16], SPACE, split_items(task.ids, holdout_share=0.3), task, HalvingRule(resamples=100),
+                          ["full"], max_new_tokens=2, chat_template=False)
+    out = tmp_path / "t.json"
+    outcome = run_tune(tiny_llama, request, out)
+    out.write_text('{"another": "run"}')                       # written while this run worked
+    try:
+        write_outputs(tiny_llama, outcome, out)
+    except headprobe.HeadprobeError as exc:
+        assert "exists; pass force=True to overwrite it" in str(exc)
+    else:
+        raise AssertionError("the other run's report was replaced")
+    assert json.loads(out.read_text()) == {"another": "run"}
+    assert write_outputs(tiny_llama, outcome, out, replace=True)["format"] == "headprobe.tune"   # --force / --resume
