@@ -92,7 +92,7 @@ def main() -> None:
         summary.append((c, chosen, rows[0], best, pub))
     print("\n| capacity | tuned | best preset (hindsight) | tuned − best | SnapKV | HeadKV-R |")
     print("|---:|---|---|---|---|---|")
-    for c, chosen, mine, best, pub in summary:
+    for c, _chosen, mine, best, pub in summary:
         print(f"| {c} | {mine[0]:.2f} | `{best[1]}` {best[0]:.2f} | {best[4]} | "
               f"{pub['snapkv'][0]:.2f} {pub['snapkv'][4]} | {pub['headkv-r'][0]:.2f} {pub['headkv-r'][4]} |")
     cost = report["cost"]

@@ -14,7 +14,7 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
-def run(args) -> int:
+def run(args) -> int:  # noqa: ARG001 (every command's run(args))
     width = max(len(a) for a in MODELS)
     idw = max(len(s.hf_id) for s in MODELS.values())
     for alias, spec in MODELS.items():

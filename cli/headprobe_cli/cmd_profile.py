@@ -19,6 +19,7 @@ from .common_args import (
     rank_progress,
     resolve_prompt_format,
 )
+from .profile_summary import summary_lines
 from .progress import tqdm_progress
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
@@ -293,6 +294,8 @@ def _profile(args, ranks, out_dir: Path) -> int:
             log = logs.get(profile.probe.get("pass"))
             fig = headprobe.stability_figure(profile, log=headprobe.read_log(log) if log else None)
             print(f"wrote {headprobe.save_figure(fig, path.with_suffix('.stability.png'), force=args.force)}")
+    for line in summary_lines(result.profiles, headprobe.user_profiles_dir()):
+        print(line)
     if result.failures:
         raise headprobe.NoPassingTrialsError("; ".join(result.failures))
     return 0

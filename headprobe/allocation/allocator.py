@@ -66,7 +66,7 @@ class Allocator:
         return tuple(NEEDS[n][0] for n in self.needs)
 
     def check_options(self, given: Mapping[str, Any],
-                      readers: Callable[[str], Sequence[str]] = lambda name: ()) -> AllocatorOptions:
+                      readers: Callable[[str], Sequence[str]] = lambda name: ()) -> AllocatorOptions:  # noqa: ARG005 (every allocator takes the same arguments)
         """The method's options from ``{name: value}``, checked (names, types and values).
 
         Parameters

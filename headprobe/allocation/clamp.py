@@ -75,7 +75,7 @@ def clamp_and_redistribute(budgets, prompt_len, window: int = 0, sink: int = 0, 
         if len(limits) != layers:
             raise ValueError(f"limits must have one entry per layer ({layers}), got {len(limits)}")
         lim = np.array([np.iinfo(np.int64).max if x is None else int(x) for x in limits], dtype=np.int64)
-    out = np.stack([_clamp_one(r, int(n), window + sink, w, lim) for r, n in zip(rows, lens)])
+    out = np.stack([_clamp_one(r, int(n), window + sink, w, lim) for r, n in zip(rows, lens, strict=True)])
     if scalar_len and b.ndim == 2:
         out = out[0]
     return out.tolist() if as_list else out

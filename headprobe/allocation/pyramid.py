@@ -79,7 +79,7 @@ def allocate_pyramid(model: ModelIdentity, *, capacity: int | None = 128, window
     return build_budget_map(model, budgets, method)
 
 
-def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
+def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,  # noqa: ARG001 (every allocator takes the same arguments)
          options: PyramidOptions) -> BudgetMap:
     return allocate_pyramid(model, taper=options.taper, **capacity.as_dict())
 

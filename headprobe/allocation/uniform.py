@@ -30,8 +30,8 @@ def allocate_uniform(model: ModelIdentity, *, capacity: int | None = 128, window
     return build_budget_map(model, budgets, method)
 
 
-def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
-         options: AllocatorOptions) -> BudgetMap:
+def _run(model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,  # noqa: ARG001 (every allocator takes the same arguments)
+         options: AllocatorOptions) -> BudgetMap:  # noqa: ARG001 (every allocator takes the same arguments)
     return allocate_uniform(model, **capacity.as_dict())
 
 

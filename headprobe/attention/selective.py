@@ -126,7 +126,7 @@ def masked_rows(query: torch.Tensor, key: torch.Tensor, mask: torch.Tensor, scal
     return torch.softmax(logits, dim=-1).reshape(batch, q_heads, queries, keys)
 
 
-def _selective_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def _selective_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):  # noqa: ARG001 (transformers' attention-function signature)
     switch = SelectiveAttention.active()
     layout: KeyLayout | None = switch.layout if switch is not None else None
     if layout is None:

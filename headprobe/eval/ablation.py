@@ -156,7 +156,7 @@ def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int,
     tok = lm.tokenizer
     out = []
     with HeadAblation(lm, heads), torch.no_grad():
-        for item, ctx in zip(items, contexts):
+        for item, ctx in zip(items, contexts, strict=True):
             ids = torch.tensor([ctx.input_ids], device=input_device(model))
             gen = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                  max_new_tokens=max_new_tokens, pad_token_id=tok.pad_token_id)

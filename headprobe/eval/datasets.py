@@ -203,7 +203,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                     progress(len(examples))
                 continue
             trials = []
-            for ex, ids in zip(examples, prompts):
+            for ex, ids in zip(examples, prompts, strict=True):
                 run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens)
                 trials.append({"item": ex.id, "prompt_len": len(ids), "response": run.text,
                                "gold": list(ex.answers), "score": score_answer(run.text, list(ex.answers), "f1"),

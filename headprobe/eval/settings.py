@@ -248,7 +248,7 @@ def _bracket_options(inner: str | None, allocation: str | None, written: str) ->
     return parse_policy_options(items, f"{param('spec', written)}:")
 
 
-def _preset_or_parts(spec: str, written: str, policies: tuple[str, ...] | None
+def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
                      ) -> tuple[str, str | None, tuple[str, ...], dict[str, Any]]:
     """``(policy, allocation, profiles, preset options)`` of a setting without its brackets."""
     from ..runtime import POLICIES
@@ -354,7 +354,7 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
     """
     written = spec.strip()
     base, inner = _split_brackets(written)
-    policy, alloc, profs, preset_options = _preset_or_parts(base, written, policies)
+    policy, alloc, profs, preset_options = _preset_or_parts(base, policies)
     bracket = _bracket_options(inner, alloc, written)
     if policy == "full":
         return ParsedSetting(written, policy, None, (), {}, {})

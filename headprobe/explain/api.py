@@ -330,7 +330,7 @@ def _headkv(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     return conversion, rows, notes, applied
 
 
-def _kvpress(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
+def _kvpress(inp: ExplainInput, setting: Setting, o: dict[str, Any]):  # noqa: ARG001 (every engine takes the same arguments)
     press = inp.press
     spec = press_spec(press.name)
     opts = spec.check_options(press.options)

@@ -186,7 +186,7 @@ def _profiles(paths: list[Path], model: ModelIdentity | None) -> ExplainInput:
 
     profiles = [load_profile(p) for p in paths]
     ident = _fits(profiles[0].model, model, f"profile {paths[0]}")
-    for p, path in zip(profiles[1:], paths[1:]):
+    for p, path in zip(profiles[1:], paths[1:], strict=True):
         p.model.check_fits(ident, what=f"profile {path}")
     return ExplainInput("profile", ident, paths, file_fingerprint(paths[0]), profiles=profiles)
 

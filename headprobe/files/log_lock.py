@@ -124,19 +124,15 @@ class LogLock:
         """Remove the lock file and drop the lock (the file goes first, so no one locks a removed file)."""
         if self._fd is None:
             return
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(self.path)
-        except FileNotFoundError:
-            pass
         os.close(self._fd)
         self._fd = None
         self._remove_made_folders()
 
     def __del__(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.release()
-        except OSError:
-            pass
 
 
 def _alive(pid: int) -> bool:

@@ -12,6 +12,7 @@ run from writing to it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -246,10 +247,8 @@ def _append_whole(path: Path, data: bytes) -> None:
                 view = view[os.write(fd, view):]
             os.fsync(fd)
         except BaseException as exc:      # a full disk, or Ctrl-C between two writes of the line
-            try:
+            with contextlib.suppress(OSError):
                 os.ftruncate(fd, end)
-            except OSError:
-                pass
             if isinstance(exc, OSError):
                 raise HeadprobeError(f"{path}: cannot write ({exc.strerror})") from exc
             raise

@@ -308,7 +308,7 @@ def _answers(row: dict, fields: ContextFields, i: int, label: str) -> tuple[list
 def _locate(example_id: str, context: str, question: str, answers: list[str], offsets: list[int | None],
             fields: ContextFields, i: int, label: str) -> ContextExample | None:
     """The example with its first answer found in the context (at its offset when given), or ``None``."""
-    for answer, offset in zip(answers, offsets):
+    for answer, offset in zip(answers, offsets, strict=True):
         if not answer.strip():
             continue
         if offset is not None:

@@ -74,32 +74,11 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
     needles: list[Needle] = []
     seen: set[str] = set()
     for where, obj in iter_jsonl_objects(path, text):
-        for key in ("id", "kind", "needle", "question", "answer"):
-            if not isinstance(obj.get(key), str) or not obj[key].strip():
-                raise FileFormatError(where, key, "missing or not a non-empty string")
-        if obj["kind"] not in NEEDLE_KINDS:
-            raise FileFormatError(where, "kind", f"expected 'retrieval' or 'reasoning', found {obj['kind']!r}")
-        if obj["answer"] not in obj["needle"]:
-            raise FileFormatError(where, "answer", f"{obj['answer']!r} does not occur inside the needle text")
-        if obj["id"] in seen:
-            raise FileFormatError(where, "id", f"duplicate id {obj['id']!r}")
-        seen.add(obj["id"])
-        candidates: tuple[str, ...] = ()
-        if obj["kind"] == "reasoning":
-            cands = obj.get("candidates")
-            if not (isinstance(cands, list) and len(cands) == 2 and all(isinstance(c, str) and c for c in cands)):
-                raise FileFormatError(where, "candidates", "expected two strings [distractor, correct answer]")
-            if cands[1] != obj["answer"]:
-                raise FileFormatError(where, "candidates", "expected the second candidate to equal the answer")
-            for c in cands:
-                if c not in obj["needle"]:
-                    raise FileFormatError(where, "candidates", f"{c!r} does not occur inside the needle text")
-            candidates = tuple(cands)
-        facts = obj.get("facts") or []
-        if not (isinstance(facts, list) and all(isinstance(f, str) for f in facts)):
-            raise FileFormatError(where, "facts", "expected a list of fact sentences")
-        needles.append(Needle(id=obj["id"], kind=obj["kind"], needle=obj["needle"], question=obj["question"],
-                              answer=obj["answer"], candidates=candidates, facts=tuple(facts)))
+        needle = _needle_of(where, obj)
+        if needle.id in seen:
+            raise FileFormatError(where, "id", f"duplicate id {needle.id!r}")
+        seen.add(needle.id)
+        needles.append(needle)
     if not needles:
         raise FileFormatError(path, None, "expected at least one needle")
     if ids:
@@ -109,6 +88,33 @@ def load_needles(path: str | Path, ids: list[str] | None = None) -> list[Needle]
             raise HeadprobeError(f"{path}: no needle with id {', '.join(missing)} (ids: {', '.join(by_id)})")
         needles = [by_id[i] for i in ids]
     return needles
+
+
+def _needle_of(where: str, obj: dict) -> Needle:
+    """One line of a needle file as a :class:`Needle`, checked; ``where`` names the file and line."""
+    for key in ("id", "kind", "needle", "question", "answer"):
+        if not isinstance(obj.get(key), str) or not obj[key].strip():
+            raise FileFormatError(where, key, "missing or not a non-empty string")
+    if obj["kind"] not in NEEDLE_KINDS:
+        raise FileFormatError(where, "kind", f"expected 'retrieval' or 'reasoning', found {obj['kind']!r}")
+    if obj["answer"] not in obj["needle"]:
+        raise FileFormatError(where, "answer", f"{obj['answer']!r} does not occur inside the needle text")
+    candidates: tuple[str, ...] = ()
+    if obj["kind"] == "reasoning":
+        cands = obj.get("candidates")
+        if not (isinstance(cands, list) and len(cands) == 2 and all(isinstance(c, str) and c for c in cands)):
+            raise FileFormatError(where, "candidates", "expected two strings [distractor, correct answer]")
+        if cands[1] != obj["answer"]:
+            raise FileFormatError(where, "candidates", "expected the second candidate to equal the answer")
+        for c in cands:
+            if c not in obj["needle"]:
+                raise FileFormatError(where, "candidates", f"{c!r} does not occur inside the needle text")
+        candidates = tuple(cands)
+    facts = obj.get("facts") or []
+    if not (isinstance(facts, list) and all(isinstance(f, str) for f in facts)):
+        raise FileFormatError(where, "facts", "expected a list of fact sentences")
+    return Needle(id=obj["id"], kind=obj["kind"], needle=obj["needle"], question=obj["question"],
+                  answer=obj["answer"], candidates=candidates, facts=tuple(facts))
 
 
 def needle_file_list(needle_files: Iterable[str | Path] | Mapping[str, str | Path] | None) -> list[Path]:

@@ -156,7 +156,7 @@ class BudgetMapPress(BasePress):
         return 1.0 - float(self.kept_tokens_.sum()) / (self.kept_tokens_.numel() * self.context_tokens_)
 
     @compression_ratio.setter
-    def compression_ratio(self, value: float) -> None:
+    def compression_ratio(self, value: float) -> None:  # noqa: ARG002 (kvpress' press interface)
         raise AttributeError("BudgetMapPress keeps the budget map's token counts; rescale with capacity=")
 
     def compress(self, module, hidden_states, keys, values, attentions, kwargs):
@@ -247,7 +247,7 @@ class DuoAttentionFolderPress(DuoAttentionPress):
         self._pattern = (sink, recent, scores)
         super().post_init_from_model(model)
 
-    def load_attention_pattern(self, model: Any) -> tuple[int, int, np.ndarray]:
+    def load_attention_pattern(self, model: Any) -> tuple[int, int, np.ndarray]:  # noqa: ARG002 (kvpress' press interface)
         """The folder's ``(sink_size, recent_size, scores [layers][kv_heads])`` (replaces the download)."""
         return self._pattern
 

@@ -119,6 +119,27 @@ def resolve_model(model: str) -> ResolvedModel:
     raise HeadprobeError(f"{param('model', model)}: unknown model alias{hint}")
 
 
+def _device_and_dtype(torch: Any, device: str | None, dtype: str, device_map: dict[str, Any] | None
+                      ) -> tuple[str, Any]:
+    """The device a load goes to (the default: ``"auto"`` with a ``device_map``, else the first GPU, else
+    the CPU) and the torch dtype of ``dtype`` (``"auto"``: float32 on the host, bfloat16 on a GPU).
+
+    Raises
+    ------
+    HeadprobeError
+        A CUDA device asked for on a machine without one, saying why.
+    """
+    if device is None:
+        device = "auto" if device_map is not None else "cuda" if torch.cuda.is_available() else "cpu"
+    if device != "auto" and device.startswith("cuda") and not torch.cuda.is_available():
+        raise HeadprobeError(f"{param('device', device)}: no CUDA device is available on this machine"
+                             f" ({_why_no_cuda(torch)})")
+    if dtype != "auto":
+        return device, getattr(torch, dtype)
+    on_host = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return device, torch.float32 if on_host else torch.bfloat16
+
+
 def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: str = "auto",
                trust_remote_code: bool = False, attn_implementation: str = "sdpa",
                max_memory: dict[Any, Any] | None = None, offload_folder: str | Path | None = None,
@@ -161,16 +182,7 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     if dtype not in DTYPES:
         raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPES)}")
     asked_for_cpu = device == "cpu"
-    if device is None:
-        device = "auto" if device_map is not None else "cuda" if torch.cuda.is_available() else "cpu"
-    if device != "auto" and device.startswith("cuda") and not torch.cuda.is_available():
-        raise HeadprobeError(f"{param('device', device)}: no CUDA device is available on this machine"
-                             f" ({_why_no_cuda(torch)})")
-    if dtype == "auto":
-        on_host = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-        torch_dtype = torch.float32 if on_host else torch.bfloat16
-    else:
-        torch_dtype = getattr(torch, dtype)
+    device, torch_dtype = _device_and_dtype(torch, device, dtype, device_map)
 
     # Weights go straight to their device: loading on the CPU first and moving them would hold a whole
     # copy in host memory (about 14.5 GB for a 7B model in bfloat16).

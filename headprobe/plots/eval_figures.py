@@ -68,10 +68,10 @@ def accuracy_vs_memory(result: EvalResult) -> Figure:
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     names = list(dict.fromkeys(s["name"] for s in summary))
     palette = sns.color_palette("tab10", len(names))
-    for color, name in zip(palette, names):
+    for color, name in zip(palette, names, strict=False):
         pts = sorted((s["cache_bytes"] / 2**20, s["mean_accuracy"], s["capacity"]) for s in summary
                      if s["name"] == name)
-        xs, ys, caps = zip(*pts)
+        xs, ys, caps = zip(*pts, strict=True)
         if len(pts) == 1 and caps[0] is None:
             ax.axhline(ys[0], color=color, ls="--", lw=1, label=f"{name} ({xs[0]:.0f} MiB)")
             continue

@@ -106,7 +106,7 @@ def _annotate_top(ax, values: np.ndarray, k: int) -> list[tuple[int, int]]:
     return cells
 
 
-def _heat(ax, values: np.ndarray, vmin=None, vmax=None, cbar=True, cbar_label: str = "score", fmt_ticks=True):
+def _heat(ax, values: np.ndarray, vmin=None, vmax=None, cbar=True, cbar_label: str = "score"):
     layers, heads = values.shape
     sns.heatmap(values, ax=ax, cmap=_CMAP, vmin=vmin, vmax=vmax, cbar=cbar,
                 cbar_kws={"label": cbar_label} if cbar else None,
@@ -176,7 +176,7 @@ def compare_heatmaps(first: Profile, second: Profile, granularity: str = "query"
     vmin = float(min(a.min(), b.min(), 0.0))
     fig, axes = plt.subplots(1, 2, figsize=_size(*a.shape, panels=2), constrained_layout=True)
     unit = "query head" if granularity == "query" else "KV head"
-    for i, (ax, p, v) in enumerate(zip(axes, (first, second), (a, b))):
+    for i, (ax, p, v) in enumerate(zip(axes, (first, second), (a, b), strict=False)):
         _heat(ax, v, vmin=vmin, vmax=vmax, cbar=i == 1, cbar_label="share of total score" if normalise else "score")
         _annotate_top(ax, v, top_k)
         ax.set_title(_probe_label(p), fontsize=10)
@@ -196,7 +196,7 @@ def retention_curves(profile: Profile) -> Figure:
     fig, ax = plt.subplots(figsize=(max(6.0, 0.22 * layers + 3), 4.2), constrained_layout=True)
     x = np.arange(layers)
     colours = sns.color_palette("tab10", len(profile.retention))
-    for colour, (task, r) in zip(colours, profile.retention.items()):
+    for colour, (task, r) in zip(colours, profile.retention.items(), strict=False):
         m, s = np.asarray(r.mean), np.asarray(r.std)
         ax.plot(x, m, marker="o", ms=3, lw=1.6, color=colour, label=f"{task} (n={r.samples})")
         ax.fill_between(x, np.maximum(m - s, 0), m + s, color=colour, alpha=0.2)

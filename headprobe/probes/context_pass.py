@@ -99,7 +99,7 @@ class ContextPass(PassSteps):
 
     # ---- before the model loads --------------------------------------------------------------------
 
-    def read(self, request: ProfileRequest, options: ContextOptions, inputs: RunInputs) -> ContextInput:
+    def read(self, request: ProfileRequest, options: ContextOptions, inputs: RunInputs) -> ContextInput:  # noqa: ARG002 (the probe-pass interface)
         """The examples (read once per run, whichever passes read them)."""
         source = options.file
         path = Path(source)
@@ -128,11 +128,11 @@ class ContextPass(PassSteps):
             out["until_stable"] = request.until_stable.to_json()
         return out
 
-    def response_room(self, request: ProfileRequest) -> int:
+    def response_room(self, request: ProfileRequest) -> int:  # noqa: ARG002 (the probe-pass interface)
         """Tokens the pass adds after a prompt (checked against the model's context)."""
         return 0
 
-    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:
+    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         """The pass's own entries of the log's settings."""
         return {}
 
@@ -196,7 +196,7 @@ class ContextPass(PassSteps):
                 else:
                     require_numbers(r["scores"].get(kind), shape, where, f"scores.{kind}")
 
-    def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:
+    def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:  # noqa: ARG002 (the probe-pass interface)
         """The examples the settings name that no log holds."""
         ids = list(settings.get("example_ids", []))
         missing = [i for i in ids if i not in found]
@@ -391,7 +391,7 @@ class ContextRetrievalPass(ContextPass):
     def response_room(self, request: ProfileRequest) -> int:
         return request.max_new_tokens if request.mode == "reference" else 0
 
-    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:
+    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         return {"gate": "published", "max_new_tokens": request.max_new_tokens}
 
     def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,

@@ -193,7 +193,7 @@ def build_batch(tokenizer, specs: list[TrialSpec], contexts: list[TrialContext],
                 needles: dict[str, Needle]) -> FastBatch:
     """Pad the prompt suffixes after ``prefix`` into one batch and tokenise each trial's variants."""
     trial_needles = [needles[s.needle_id] for s in specs]
-    variants = [response_variants(tokenizer, n, c) for n, c in zip(trial_needles, contexts)]
+    variants = [response_variants(tokenizer, n, c) for n, c in zip(trial_needles, contexts, strict=True)]
     batch = len(specs)
     suffixes = [c.input_ids[prefix:] for c in contexts]
     width = max(len(x) for x in suffixes)
@@ -203,7 +203,7 @@ def build_batch(tokenizer, specs: list[TrialSpec], contexts: list[TrialContext],
     attention = torch.zeros(batch, total, dtype=torch.long)
     attention[:, :prefix] = 1
     prompt_tokens = torch.full((batch, total), -1, dtype=torch.long)
-    for b, (x, ctx) in enumerate(zip(suffixes, contexts)):
+    for b, (x, ctx) in enumerate(zip(suffixes, contexts, strict=True)):
         suffix_ids[b, :len(x)] = torch.tensor(x)
         attention[b, prefix:prefix + len(x)] = 1
         prompt_tokens[b, :ctx.length] = torch.tensor(ctx.input_ids)
@@ -389,7 +389,7 @@ def batch_records(tokenizer, batch: FastBatch, results: dict[str, VariantResult]
     (the answer, else the restated sentence; the answer when neither is), its scores that variant's.
     ``mode`` is what the records name as their mode (reuse mode builds its batches the same way)."""
     records = []
-    for i, (spec, ctx, needle) in enumerate(zip(batch.specs, batch.contexts, batch.needles)):
+    for i, (spec, ctx, needle) in enumerate(zip(batch.specs, batch.contexts, batch.needles, strict=True)):
         chosen = "gold"
         exact = results["gold"].reproduced(i)
         if not exact and "restated" in batch.variants[i] and results["restated"].reproduced(i):

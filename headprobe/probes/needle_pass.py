@@ -89,7 +89,7 @@ class NeedlePass(PassSteps):
 
     # ---- before the model loads --------------------------------------------------------------------
 
-    def read(self, request: ProfileRequest, options: Any, inputs: RunInputs) -> NeedleInput:
+    def read(self, request: ProfileRequest, options: Any, inputs: RunInputs) -> NeedleInput:  # noqa: ARG002 (the probe-pass interface)
         """The needles of this kind (the request's files that hold some, else the shipped set), restricted to
         ``needle_ids``, and the haystack."""
         if request.lengths == () or request.depths == () or not request.seeds:

@@ -50,7 +50,7 @@ OnTrial = Callable[[dict[str, Any]], None]
 
 def run_reference_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
                          config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
-                         caches: HaystackCaches | None = None) -> None:
+                         caches: HaystackCaches | None = None) -> None:  # noqa: ARG001 (the probe-pass interface)
     """Reference mode: each trial by greedy decoding, one at a time (``caches`` is not used)."""
     for spec in trials:
         on_trial(run_reference_trial(loaded, haystacks[spec.seed], needles[spec.needle_id], spec, config))

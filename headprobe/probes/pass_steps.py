@@ -195,8 +195,8 @@ class PassSteps:
     def check_records(self, settings: dict[str, Any], records: list[tuple[str, dict[str, Any]]]) -> None:
         """Check every ``(where, record)`` of a log before it is averaged (FileFormatError naming it)."""
 
-    def missing_trials(self, settings: dict[str, Any], found: dict[str, str],
-                       shards: list[list[int]]) -> TrialGap:
+    def missing_trials(self, settings: dict[str, Any], found: dict[str, str],  # noqa: ARG002 (the probe-pass interface)
+                       shards: list[list[int]]) -> TrialGap:  # noqa: ARG002 (the probe-pass interface)
         """What shard logs being merged lack of the trials their settings describe.
 
         Parameters

@@ -155,7 +155,7 @@ class QueryFocusPass(ContextPass):
                                  "for no calibration)")
         return super().read(request, options, inputs)
 
-    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:
+    def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         return {"null_query": plan.options.null_query, "score": "qrhead"}
 
     def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,

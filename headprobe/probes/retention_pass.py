@@ -37,11 +37,11 @@ class RetentionPass(PassSteps):
         self.kind = kind
         self.kinds = (kind,)
 
-    def read(self, request: ProfileRequest, options: Any, inputs: RunInputs) -> list[TaskSample]:
+    def read(self, request: ProfileRequest, options: Any, inputs: RunInputs) -> list[TaskSample]:  # noqa: ARG002 (the probe-pass interface)
         """The task samples, task by task."""
         return inputs.task_samples()
 
-    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:
+    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         request, samples = context.request, plan.data
         retention = request.retention
         return {**context.common, "pass": plan.probe_pass.name, "probes": list(plan.probes),
@@ -75,7 +75,7 @@ class RetentionPass(PassSteps):
             check_fields(r, {"prompt_tokens": COUNT, "seconds": SECONDS}, where)
             require_numbers(r.get("retention"), [layers], where, "retention", most=1.0)
 
-    def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:
+    def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:  # noqa: ARG002 (the probe-pass interface)
         """How many of the log's samples no log holds (the settings count them but do not name them)."""
         missing = max(0, int(settings.get("samples", len(found))) - len(found))
         return TrialGap(missing, [], f"{missing} of {settings.get('samples')} layer-retention samples are missing")

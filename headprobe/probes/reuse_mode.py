@@ -75,7 +75,7 @@ def run_reuse_trial(loaded, base_ids: list[int], base_cache, haystack: Haystack,
     for v, name in enumerate(names):
         forced, rows = branches.forced[v], branches.step_rows(v)
         greedy = [int(logp[r].argmax()) for r in rows]
-        likelihood = sum(float(logp[r, t]) for r, t in zip(rows, forced))
+        likelihood = sum(float(logp[r, t]) for r, t in zip(rows, forced, strict=True))
         results[name] = VariantResult([forced], [greedy], [likelihood], scorer.totals[name])
     record = batch_records(tok, batch, results, mode="reuse")[0]
     record["recompute_share"] = config.recompute_share

@@ -210,7 +210,7 @@ def kv_deviation(cached: tuple[torch.Tensor, torch.Tensor], fresh: tuple[torch.T
     heads (``[1, kv_heads, tokens, head_dim]`` inputs), so keys and values weigh alike whatever their scale.
     """
     total = None
-    for old, new in zip(cached, fresh):
+    for old, new in zip(cached, fresh, strict=True):
         old, new = old.float(), new.float()
         scale = new.pow(2).sum(-1).mean().clamp_min(1e-12)
         part = (new - old).pow(2).sum(-1).sum(1)[0] / scale

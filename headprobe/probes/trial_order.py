@@ -35,7 +35,7 @@ def spread_order(trials: list[TrialSpec], seed: int = 0) -> list[TrialSpec]:
         "needle": [t.needle_id for t in trials], "seed": [t.seed for t in trials],
     }
     singles = [_codes(axes[a]) for a in ("length", "depth", "needle", "seed")]
-    pairs = [_codes(list(zip(axes[a], axes[b]))) for a, b in (("length", "depth"), ("needle", "length"),
+    pairs = [_codes(list(zip(axes[a], axes[b], strict=True))) for a, b in (("length", "depth"), ("needle", "length"),
                                                                ("needle", "depth"))]
     single_counts = [np.zeros(c.max() + 1) for c in singles]
     pair_counts = [np.zeros(c.max() + 1) for c in pairs]
@@ -43,13 +43,13 @@ def spread_order(trials: list[TrialSpec], seed: int = 0) -> list[TrialSpec]:
     remaining = np.ones(n, dtype=bool)
     order = []
     for _ in range(n):
-        cost = sum(counts[codes] for counts, codes in zip(single_counts, singles)) * (n + 1) ** 2
-        cost = cost + sum(counts[codes] for counts, codes in zip(pair_counts, pairs)) * (n + 1) + tiebreak
+        cost = sum(counts[codes] for counts, codes in zip(single_counts, singles, strict=True)) * (n + 1) ** 2
+        cost = cost + sum(counts[codes] for counts, codes in zip(pair_counts, pairs, strict=True)) * (n + 1) + tiebreak
         cost[~remaining] = np.inf
         pick = int(np.argmin(cost))
         remaining[pick] = False
         order.append(trials[pick])
-        for counts, codes in zip(single_counts + pair_counts, singles + pairs):
+        for counts, codes in zip(single_counts + pair_counts, singles + pairs, strict=True):
             counts[codes[pick]] += 1
     return order
 

@@ -118,7 +118,7 @@ class CompressedLayer(LayerStore, CacheLayerMixin):
         self.state: Any = None
         self.handle = PendingKV(cache, self)
 
-    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
+    def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:  # noqa: ARG002 (transformers' Cache API)
         self.is_initialized = True
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any,
@@ -162,10 +162,10 @@ class CompressedLayer(LayerStore, CacheLayerMixin):
         self.state = None
         self.release()
 
-    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:
+    def reorder_cache(self, beam_idx: torch.LongTensor) -> None:  # noqa: ARG002 (transformers' Cache API)
         raise HeadprobeError("CompressedCache does not support beam search (num_beams > 1)")
 
-    def crop(self, tokens_to_remove: int) -> None:
+    def crop(self, tokens_to_remove: int) -> None:  # noqa: ARG002 (transformers' Cache API)
         raise HeadprobeError("CompressedCache cannot be cropped (assisted decoding is not supported)")
 
 

@@ -24,8 +24,8 @@ SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 def headprobe_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any,
-                                attention_mask: torch.Tensor | None, scaling: float | None = None,
-                                dropout: float = 0.0, sliding_window: int | None = None,
+                                attention_mask: torch.Tensor | None, scaling: float | None = None,  # noqa: ARG001 (transformers' attention-function signature)
+                                dropout: float = 0.0, sliding_window: int | None = None,  # noqa: ARG001 (transformers' attention-function signature)
                                 softcap: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
     """Attention over a :class:`CompressedCache` layer.
 

@@ -22,7 +22,7 @@ def tune_figure(report: dict[str, Any]) -> Figure:
     """The figure of a tune report (:func:`~headprobe.tune.report.build_report`)."""
     caps = report["capacities"]
     fig, axes = plt.subplots(1, len(caps), figsize=(4.6 * len(caps), 4.2), squeeze=False)
-    for ax, cap in zip(axes[0], caps):
+    for ax, cap in zip(axes[0], caps, strict=False):
         for status, (color, label) in _STATUS.items():
             pts = [c for c in cap["candidates"] if c["status"] == status and c["accuracy"] is not None]
             if not pts:

@@ -357,7 +357,7 @@ def _run_races(runs: TuneRuns, stage: str, races: list[Race], calibration: Seque
         keys = task.trial_keys(ids)
         fields_ = [race.alive() for race in races]
         _ensure(runs, f"{stage}-r{r}", [c for f in fields_ for c in f], ids)
-        for race, field_ in zip(races, fields_):
+        for race, field_ in zip(races, fields_, strict=True):
             labels = [c.label for c in field_]
             scores = np.array([runs.store.scores(lab, keys) for lab in labels])
             standings = rank_rung(labels, scores, rule, last, {lab: runs.store.mean_bytes(lab) for lab in labels})

@@ -252,7 +252,7 @@ def selections(space: SearchSpace) -> list[Selection]:
         keys = searched_policy_options(policy)
         grids = [space.search_values(k, POLICY_SEARCH[k]) for k in keys]
         for combo in itertools.product(*grids):
-            out.append(Selection(policy, _freeze(dict(zip(keys, combo)))))
+            out.append(Selection(policy, _freeze(dict(zip(keys, combo, strict=True)))))
     return out
 
 
@@ -279,7 +279,7 @@ def allocations(space: SearchSpace, profiles: Mapping[str, Any]) -> list[Allocat
             infos = allocator.options.infos()
             grids = [space.search_values(i.name, i.search_values(found)) for i in infos]
             for combo in itertools.product(*grids):
-                chosen = {i.name: v for i, v in zip(infos, combo) if v != i.default}
+                chosen = {i.name: v for i, v in zip(infos, combo, strict=True) if v != i.default}
                 out.append(Allocation(name, tuple(kinds), _freeze(chosen)))
     return out
 

@@ -117,7 +117,7 @@ def test_halving_costs_less_than_a_full_evaluation():
     sizes = rung_items(items, 3)
     alive, trials = n, 0
     previous = 0
-    for r, m in enumerate(sizes):
+    for m in sizes:
         trials += alive * (m - previous) * per_item       # the new items of the rung, for the candidates left
         previous = m
         alive = max(1, -(-alive // 3))

@@ -56,7 +56,7 @@ def _ragged_decode_kernel(Q, OK, OV, OP, VOTES, OFF, LEN, QPOS, OUT, M_OUT, L_OU
     for n0 in range(start, end, BLOCK_N):
         nmask = n0 + r < end
         row0 = off + n0
-        if BLOCK_D == D:   # no column mask: keeps the loads vectorised (and pipelined)
+        if BLOCK_D == D:   # no column mask: keeps the loads vectorised (and pipelined)  # noqa: SIM108 (a constexpr branch: Triton compiles one side only)
             kv_mask = nmask[:, None]
         else:
             kv_mask = nmask[:, None] & dmask[None, :]
@@ -80,7 +80,7 @@ def _ragged_decode_kernel(Q, OK, OV, OP, VOTES, OFF, LEN, QPOS, OUT, M_OUT, L_OU
         p = tl.exp(logits - m_safe[:, None])
         alpha = tl.exp(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        if DOT_FP32:
+        if DOT_FP32:  # noqa: SIM108 (a constexpr branch: Triton compiles one side only)
             pv = tl.dot(p, v.to(tl.float32), input_precision="ieee")
         else:
             pv = tl.dot(p.to(v.dtype), v)

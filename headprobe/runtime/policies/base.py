@@ -341,7 +341,7 @@ class Policy:
         store.write_selection(ctx.keys, ctx.values, ctx.positions, selection, log_votes)
         return store
 
-    def rebalance(self, ctx: LayerContext) -> Rebalance | None:
+    def rebalance(self, ctx: LayerContext) -> Rebalance | None:  # noqa: ARG002 (a policy hook's signature)
         """Cache-level hook, run by the cache once the prefill of ``ctx``'s layer is done: changes to the layers
         prefilled before it (and to this one), which the cache applies. The only way a policy changes other
         layers than its own (DynamicKV's cross-layer budgets); default: none."""
@@ -382,7 +382,7 @@ class ScorerPolicy(Policy):
         are ignored whatever their score."""
         raise NotImplementedError
 
-    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:
+    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:  # noqa: ARG002 (a policy hook's signature)
         """``[batch, kv_heads]`` tokens each head keeps, window included (default: the resolved budgets)."""
         return ctx.budgets
 

@@ -98,7 +98,7 @@ class DynamicKV(ScorerPolicy):
         state: DynamicKVState = ctx.shared
         state.layers.append(HeldLayer(ctx.layer_idx, selection.count.clone(), selection.scores, w, base))
 
-    def reserve(self, ctx, kept):
+    def reserve(self, ctx, kept):  # noqa: ARG002 (a policy hook's signature)
         return torch.zeros_like(kept)
 
     def rebalance(self, ctx: LayerContext) -> Rebalance | None:

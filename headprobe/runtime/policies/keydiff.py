@@ -67,7 +67,7 @@ class KeyDiff(Policy):
         keep = scores.topk(min(k, scores.shape[1]), dim=1).indices
         return keep, count
 
-    def compress(self, ctx: LayerContext) -> None:
+    def compress(self, ctx: LayerContext) -> None:  # noqa: ARG002 (a policy hook's signature)
         raise HeadprobeError("policy keydiff: its block-wise prefill cannot be replayed from a full prefill")
 
     def prefill(self, ctx: LayerContext) -> torch.Tensor:

@@ -21,7 +21,7 @@ class SlidingWindow(ScorerPolicy):
     def score(self, ctx: LayerContext) -> torch.Tensor:
         return ctx.positions.float()[:, None, :].expand(ctx.batch, ctx.kv_heads, -1)     # the newest win
 
-    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:
+    def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:  # noqa: ARG002 (a policy hook's signature)
         return torch.full((ctx.batch, ctx.kv_heads), ctx.sliding_window - 1, dtype=torch.long,
                           device=ctx.keys.device)
 
