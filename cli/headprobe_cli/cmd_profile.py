@@ -91,9 +91,11 @@ def register(sub, formatter) -> None:
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
                    choices=LazyChoices(lambda: ["all", *headprobe.PROBES]),
                    help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
-    p.add_argument("--mode", choices=list(headprobe.MODES), default="fast",
+    p.add_argument("--mode", choices=[*headprobe.MODES, "auto"], default="auto",
                    help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
-                        "reuse: approximate, one haystack forward per length, a share of it recomputed per trial")
+                        "reuse: approximate, one haystack forward per length, a share of it recomputed per trial; "
+                        "auto: reuse mode at a 0%% share on a CPU (measured close to exact, docs/benchmarks.md), "
+                        "fast mode on a GPU or where a probe or the model does not run in reuse mode")
     p.add_argument("--recompute-share", type=float, default=unset(100 * headprobe.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
                    help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
     p.add_argument("--until-stable", action="store_true",
@@ -304,7 +306,11 @@ def _profile(args, ranks, out_dir: Path) -> int:
 def _describe(args, run, loaded, ranks, out_dir: Path) -> None:
     """The run's first lines: model, device, mode, grid, where it writes, and each pass's gate when chosen."""
     where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
-    mode = (f"reuse mode, recompute share {args.recompute_share:g}%" if args.mode == "reuse" else f"{args.mode} mode")
+    request = run.request
+    mode = (f"reuse mode, recompute share {100 * request.recompute_share:g}%" if request.mode == "reuse"
+            else f"{request.mode} mode")
+    if args.mode == "auto":
+        mode += ", chosen by --mode auto"
     if run.request.until_stable:
         mode += f", until the top-{run.request.until_stable.k} heads are stable"
     grid = run.grid

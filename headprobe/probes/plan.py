@@ -24,6 +24,7 @@ from ..files.overwrite import check_overwrite
 from ..haystack.prompt_format import prompt_format_of
 from ..paths import user_profiles_dir
 from .inputs import RunInputs
+from .modes import AUTO_MODE, AUTO_RECOMPUTE_SHARE, auto_mode
 from .outputs import ProfileOutputs, log_path, profile_made_by_log, profile_path, profile_stem
 from .pass_steps import PassPlan, PassRun, RunContext
 from .registry import passes_for
@@ -71,15 +72,37 @@ class ProfilePlan:
         if profile_stem(self.request.name, loaded.identity.name) != self.stem:
             raise HeadprobeError(f"{param('model', loaded.identity.name)}: the run was checked for "
                                  f"{self.model_name}, whose files are named {self.stem}.*")
-        request = self.request
+        plan = self._with_mode(loaded)
+        request = plan.request
         grid = resolve_grid(request.grid, request.lengths, request.depths, loaded.device.type == "cuda",
                             loaded.identity.max_context)
         common = {"model": loaded.identity.to_json(), "mode": request.mode, "chat_template": request.chat_template,
                   "prompt_format": prompt_format_of(loaded.tokenizer, request.chat_template),
                   "headprobe_version": version, "group_reduction": request.group_reduction}
         context = RunContext(request, grid, common)
-        runs = tuple(PassRun(p, context, p.steps.settings(loaded, p, context)) for p in self.passes)
-        return ResolvedProfile(self, grid, runs)
+        runs = tuple(PassRun(p, context, p.steps.settings(loaded, p, context)) for p in plan.passes)
+        return ResolvedProfile(plan, grid, runs)
+
+    def _with_mode(self, loaded: Any) -> ProfilePlan:
+        """This plan with ``mode="auto"`` settled for the loaded model (:func:`~headprobe.probes.modes.
+        auto_mode`); any other mode as it is."""
+        request = self.request
+        if request.mode != AUTO_MODE:
+            return self
+        runs_reuse = all("reuse" in p.probe_pass.implementation.modes for p in self.passes)
+        if runs_reuse:
+            from .selective_prefill import check_reuse_model
+
+            try:
+                check_reuse_model(loaded.model)
+            except HeadprobeError:
+                runs_reuse = False
+        defaults = ProfileRequest(probes=request.probes)
+        asked_fast = (request.batch_size, request.split_attention) != (defaults.batch_size, defaults.split_attention)
+        asked_share = request.recompute_share != defaults.recompute_share
+        mode = auto_mode(loaded.device.type == "cpu", runs_reuse, asked_fast, asked_share)
+        share = request.recompute_share if asked_share or mode != "reuse" else AUTO_RECOMPUTE_SHARE
+        return dataclasses.replace(self, request=dataclasses.replace(request, mode=mode, recompute_share=share))
 
 
 @dataclass(frozen=True)

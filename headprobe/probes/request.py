@@ -14,7 +14,7 @@ from ..errors import HeadprobeError, param
 from ..haystack.needles import needle_file_list
 from .early_stop import StopRule, check_stop_rule
 from .gates import check_gate
-from .modes import DEFAULT_RECOMPUTE_SHARE, MODES, check_recompute_share
+from .modes import AUTO_MODE, DEFAULT_RECOMPUTE_SHARE, MODES, check_recompute_share
 from .outputs import check_name
 from .pass_options import build_options
 from .registry import passes_for, probe_passes
@@ -45,6 +45,12 @@ class ProfileRequest:
         The default lengths and depths: ``"full"`` (HeadKV's 5 lengths up to 10K, capped at the model's
         context, by 10 depths), ``"cpu"`` (lengths 1000 and 2000, depths 0, 50 and 100 %), or ``"auto"``:
         full on a GPU, cpu elsewhere.
+    mode
+        ``"fast"`` or ``"reference"`` (exact), ``"reuse"`` (approximate, :data:`~headprobe.probes.modes.
+        DEFAULT_RECOMPUTE_SHARE`), or ``"auto"``, settled once the model is loaded
+        (:func:`~headprobe.probes.modes.auto_mode`): reuse mode at
+        :data:`~headprobe.probes.modes.AUTO_RECOMPUTE_SHARE` on a CPU, fast mode on a GPU or where a
+        requested pass or the model does not run in reuse mode. Logs and profiles record the mode run.
     needle_files
         Needle files of any kinds: each needle's ``kind`` decides which pass uses it, every file must hold
         needles of a requested pass, and a kind no file holds uses the shipped needle set (a
@@ -146,7 +152,7 @@ class ProfileRequest:
                 raise HeadprobeError(f"{param(name)}: applies to the {listed} probe"
                                      f"{'s' if len(kinds) > 1 else ''} only, and none is requested "
                                      f"({param('probes', ' '.join(self.probes))})")
-            modes = MODE_PARAMETERS.get(name, MODES)
+            modes = MODE_PARAMETERS.get(name, (*MODES, AUTO_MODE))
             if self.mode not in modes:
                 raise HeadprobeError(f"{param(name)}: applies in {param('mode', modes[0])} only, not "
                                      f"{param('mode', self.mode)}")
@@ -154,7 +160,8 @@ class ProfileRequest:
 
 #: Parameters that take effect in some modes only: parameter → those modes.
 MODE_PARAMETERS: dict[str, tuple[str, ...]] = {
-    "batch_size": ("fast",), "split_attention": ("fast",), "recompute_share": ("reuse",),
+    "batch_size": ("fast", AUTO_MODE), "split_attention": ("fast", AUTO_MODE),
+    "recompute_share": ("reuse", AUTO_MODE),
 }
 
 
@@ -184,18 +191,19 @@ def check_request(request: ProfileRequest) -> dict[str, Any]:
     runs with the parameters it set (the command line does, with the flags typed): a program may build
     requests for several modes or probes from one set of values, which would be refused here."""
     passes = passes_for(request.probes)
-    if request.mode not in MODES:
-        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference (exact) or reuse (approximate)")
+    if request.mode not in (*MODES, AUTO_MODE):
+        raise HeadprobeError(f"{param('mode', request.mode)}: expected fast or reference (exact), reuse "
+                             "(approximate) or auto")
     if request.resume and request.force:
         raise HeadprobeError(f"{param('resume', True)} with {param('force', True)}: choose one ({param('resume', True)} "
                              f"continues the logs, {param('force', True)} starts them over)")
     check_name(request.name)
     for probe_pass in passes:
         modes = probe_pass.implementation.modes
-        if request.mode not in modes:
+        if request.mode != AUTO_MODE and request.mode not in modes:
             raise HeadprobeError(f"{param('mode', request.mode)}: the {probe_pass.name} pass runs in "
                                  f"{' or '.join(modes)} mode only")
-    if request.mode == "reuse":
+    if request.mode in ("reuse", AUTO_MODE):
         check_recompute_share(request.recompute_share)
     if request.until_stable is not None:
         check_stop_rule(request.until_stable)
