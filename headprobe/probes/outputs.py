@@ -18,6 +18,7 @@ from ..files.overwrite import check_overwrite
 from ..files.trial_log import read_log_records, settings_diff
 from ..models.registry import model_slug
 from ..profile import Profile
+from .approximation import approximation_record
 from .registry import get_pass
 
 
@@ -109,6 +110,9 @@ def profiles_to_write(settings: dict[str, Any], records: list[dict[str, Any]], o
     for profile in probe_pass.implementation.profiles(settings, records):
         if missing:
             profile.trials["missing"] = missing
+        approximation = approximation_record(settings, profile.kind)
+        if approximation is not None:
+            profile.probe["approximation"] = approximation
         planned.append((profile, profile_path(out_dir, stem, profile.kind)))
     return planned
 
