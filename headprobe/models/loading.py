@@ -9,9 +9,11 @@ from __future__ import annotations
 import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import shutil
+import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
@@ -407,6 +409,20 @@ def _gguf_path(spec: ModelSpec) -> Path:
         ) from exc
 
 
+@contextlib.contextmanager
+def _without_progress_bars() -> Iterator[None]:
+    """Inside the block, what is written to ``sys.stderr`` is held back; on leaving, all of it but progress
+    bars (text redrawn with carriage returns, such as transformers' GGUF conversion bar, which its API
+    cannot switch off) is written out: warnings still reach the user."""
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        kept = [line for line in held.getvalue().splitlines(keepends=True) if "\r" not in line and "it/s]" not in line]
+        sys.stderr.write("".join(kept))
+
+
 def _converted_gguf(spec: ModelSpec) -> Path:
     """Path of the safetensors conversion of a shipped GGUF, converting it on first use."""
     gguf = _gguf_path(spec)
@@ -418,8 +434,11 @@ def _converted_gguf(spec: ModelSpec) -> Path:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-    model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+    # one line instead of transformers' conversion and shard-writing bars (the command's own bar follows)
+    print(f"converting {spec.hf_id} from its packaged GGUF to safetensors in {target} (once)", file=sys.stderr)
+    with quiet_weight_loading(), _without_progress_bars():
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
     # The weights are dequantised: drop the GGUF quantizer so the model saves as plain safetensors.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
@@ -427,8 +446,9 @@ def _converted_gguf(spec: ModelSpec) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        with quiet_weight_loading():
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         with open(tmp / "headprobe-source.json", "w", encoding="utf-8") as handle:
             json.dump({"gguf": str(gguf), "size": stat.st_size, "hf_id": spec.hf_id}, handle)
         if target.exists():
