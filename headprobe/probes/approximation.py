@@ -54,9 +54,14 @@ MEASURED: dict[tuple[str, float, tuple[int, ...], tuple[float, ...]], dict[str, 
 
 def approximation_record(settings: dict[str, Any], kind: str) -> dict[str, Any] | None:
     """``probe.approximation`` of a profile of ``kind`` from a log with these ``settings``; ``None`` for an
-    exact mode (fast, reference)."""
+    exact mode (fast, reference) and for a pass that runs exactly in every mode (layer retention)."""
     if settings.get("mode") != "reuse":
         return None
+    from .registry import get_pass
+
+    probe_pass = get_pass(str(settings.get("pass")))
+    if probe_pass is None or not probe_pass.implementation.approximates_in_reuse:
+        return None                         # the same exact runner under reuse mode's name
     share = float(settings.get("recompute_share", 0.0))
     record: dict[str, Any] = {"method": f"reuse mode, recompute share {100 * share:g}%"}
     model = (settings.get("model") or {}).get("name")

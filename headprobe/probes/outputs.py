@@ -77,7 +77,8 @@ def log_path(out_dir: str | Path, stem: str, pass_name: str, shard: tuple[int, i
 
 def profile_made_by_log(profile_path: Path, log_path: Path) -> bool:
     """Whether the profile at ``profile_path`` was made from the trial log at ``log_path``: its probe
-    settings are the log's (shard, batch size, device and version aside)."""
+    settings are the log's (shard, batch size, device and version aside; ``approximation`` is written from
+    them)."""
     if not log_path.exists():
         return False
     try:
@@ -86,7 +87,7 @@ def profile_made_by_log(profile_path: Path, log_path: Path) -> bool:
     except (HeadprobeError, OSError):
         return False
     ours = {k: v for k, v in settings.items() if k != "probes"}
-    return not settings_diff(ours, {k: v for k, v in probe.items() if k != "kind"})
+    return not settings_diff(ours, {k: v for k, v in probe.items() if k not in ("kind", "approximation")})
 
 
 def profiles_to_write(settings: dict[str, Any], records: list[dict[str, Any]], out_dir: str | Path,

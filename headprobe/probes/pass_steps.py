@@ -150,6 +150,12 @@ class PassSteps:
         """The modes it runs in."""
         return tuple(self.runners)
 
+    @property
+    def approximates_in_reuse(self) -> bool:
+        """Whether reuse mode runs it differently from fast mode (an approximation), rather than the same
+        exact runner under every mode's name."""
+        return "reuse" in self.runners and self.runners["reuse"] != self.runners.get("fast")
+
     def runner(self, mode: str) -> Callable[..., Any]:
         """The function that runs its trials in ``mode``."""
         target = self.runners[mode]

@@ -89,7 +89,8 @@ class ProfilePlan:
         request = self.request
         if request.mode != AUTO_MODE:
             return self
-        runs_reuse = all("reuse" in p.probe_pass.implementation.modes for p in self.passes)
+        runs_reuse = (all("reuse" in p.probe_pass.implementation.modes for p in self.passes)
+                      and any(p.probe_pass.implementation.approximates_in_reuse for p in self.passes))
         if runs_reuse:
             from .selective_prefill import check_reuse_model
 

@@ -146,7 +146,6 @@ def no_model(monkeypatch):
                                               "(--probe layer_retention)")),
     ("--probe layer_retention --depths 50", "--depths: applies to the retrieval"),
     ("--probe layer_retention --seeds 0", "--seeds: applies to the retrieval"),
-    ("--probe layer_retention --grid full", "--grid: applies to the retrieval"),
     ("--probe layer_retention --needles r01", "--needles: applies to the retrieval"),
     ("--probe layer_retention --group-reduction mean", "--group-reduction: applies to the retrieval"),
     ("--probe layer_retention --until-stable", "--until-stable: applies to the retrieval"),

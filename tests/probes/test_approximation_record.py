@@ -13,7 +13,7 @@ SMOL = "HuggingFaceTB/SmolLM2-135M-Instruct"
 
 
 def _settings(**changes):
-    base = {"mode": "reuse", "recompute_share": 0.0, "model": {"name": SMOL}, "lengths": [1000, 2000],
+    base = {"pass": "reasoning", "mode": "reuse", "recompute_share": 0.0, "model": {"name": SMOL}, "lengths": [1000, 2000],
             "depths": [0.0, 0.5, 1.0], "seeds": [0], "needle_set": {"shipped": True},
             "haystack": {"name": "headprobe-corpus"}}
     return {**base, **changes}
@@ -33,6 +33,8 @@ def test_nothing_is_claimed_for_what_was_not_measured():
         assert record["measured"] is None and "not measured" in record["note"]
         assert record["method"].startswith("reuse mode")
     assert approximation_record(_settings(mode="fast"), "retrieval") is None
+    # layer retention runs the same exact runner under every mode's name: no approximation to state
+    assert approximation_record(_settings(**{"pass": "layer_retention"}), "layer_retention") is None
 
 
 def test_a_reuse_profile_written_from_a_log_records_it(tmp_path):

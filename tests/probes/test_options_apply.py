@@ -33,7 +33,6 @@ NEEDLE_PROBES = "the retrieval, enhanced_retrieval or retrieval_reasoning probes
      f"lengths: applies to {NEEDLE_PROBES}, and none is requested (probes='layer_retention')"),
     ({"probes": ["layer_retention"], "depths": [0.5]}, f"depths: applies to {NEEDLE_PROBES}"),
     ({"probes": ["layer_retention"], "seeds": [1]}, f"seeds: applies to {NEEDLE_PROBES}"),
-    ({"probes": ["layer_retention"], "grid": "full"}, f"grid: applies to {NEEDLE_PROBES}"),
     ({"probes": ["layer_retention"], "needle_ids": ["r01"]}, f"needle_ids: applies to {NEEDLE_PROBES}"),
     ({"probes": ["layer_retention"], "haystack": "book.txt"}, f"haystack: applies to {NEEDLE_PROBES}"),
     ({"probes": ["layer_retention"], "group_reduction": "max"}, f"group_reduction: applies to {NEEDLE_PROBES}"),
