@@ -210,6 +210,24 @@ def tempered_weights(scores: np.ndarray, temperature: float) -> np.ndarray:
     return weights / weights.sum()
 
 
+def check_head_scores(profile: Profile) -> None:
+    """Refuse head scores no probe produces: a negative score (every probe's scores are means of
+    non-negative quantities; QRHead's negative means are written as 0; imported learned gates may end
+    just below 0, down to ``-NEGATIVE_NOISE``), which would take budget from the heads an allocator splits
+    it over. Checked on the query-head scores, whatever KV-head scores the file stores beside them.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the profile, the head and the score.
+    """
+    scores = np.asarray(profile.query_heads, dtype=np.float64)
+    if scores.size and scores.min() < -NEGATIVE_NOISE:
+        layer, head = (int(i) for i in np.unravel_index(int(np.argmin(scores)), scores.shape))
+        raise HeadprobeError(f"{profile.kind} profile of {profile.model.name}: field 'scores.query_heads[{layer}]"
+                             f"[{head}]': expected a score of at least 0, found {float(scores[layer, head])!r}")
+
+
 def kv_head_scores(profile: Profile, reduction: str | None = None) -> list[list[float]]:
     """The profile's scores at KV-head granularity, reduced over each GQA group with ``reduction``.
 
@@ -218,6 +236,7 @@ def kv_head_scores(profile: Profile, reduction: str | None = None) -> list[list[
     if profile.query_heads is None:
         raise HeadprobeError(f"{profile.kind} profile of {profile.model.name} has no head scores "
                              "(a layer-retention profile cannot drive a head allocator)")
+    check_head_scores(profile)
     if reduction is None or (reduction == profile.group_reduction and profile.kv_heads is not None):
         if profile.kv_heads is not None:
             return profile.kv_heads

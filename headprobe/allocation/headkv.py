@@ -29,6 +29,7 @@ from .common import (
     NEGATIVE_NOISE,
     build_budget_map,
     check_beta,
+    check_head_scores,
     check_profile_model,
     check_temperature,
     kv_head_scores,
@@ -187,6 +188,7 @@ def allocate_headkv(profile: Profile, model: ModelIdentity | None = None, *, cap
             raise HeadprobeError("compat=headkv reproduces HeadKV exactly: no sink, temperature, ratio or clamp")
         if profile.query_heads is None:
             raise HeadprobeError(f"{profile.kind} profile has no head scores")
+        check_head_scores(profile)
         cap = resolve_capacity(capacity, window, 0)
         budgets = headkv_compat_budgets(profile.query_heads, cap.capacity, cap.window, beta)
         method = method_block("headkv", cap, beta=beta, compat=compat, sources=sources,

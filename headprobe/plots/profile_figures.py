@@ -106,8 +106,22 @@ def _annotate_top(ax, values: np.ndarray, k: int) -> list[tuple[int, int]]:
     return cells
 
 
+#: Values beyond this are drawn divided by the largest (matplotlib's tick arithmetic overflows near 1e308).
+_LARGEST_DRAWN = 1e100
+
+
 def _heat(ax, values: np.ndarray, vmin=None, vmax=None, cbar=True, cbar_label: str = "score"):
     layers, heads = values.shape
+    low = float(np.min(values)) if vmin is None else vmin
+    high = float(np.max(values)) if vmax is None else vmax
+    if not np.isfinite(high - low) or max(abs(low), abs(high)) > _LARGEST_DRAWN:
+        # a colour scale's ticks and margins overflow near the float range (scores near 1e308): draw
+        # the values divided by the largest one, and say so on the colour bar
+        scale = max(abs(low), abs(high))
+        values = np.asarray(values, dtype=np.float64) / scale
+        vmin = None if vmin is None else vmin / scale
+        vmax = None if vmax is None else vmax / scale
+        cbar_label = f"{cbar_label} / {scale:.3g}"
     sns.heatmap(values, ax=ax, cmap=_CMAP, vmin=vmin, vmax=vmax, cbar=cbar,
                 cbar_kws={"label": cbar_label} if cbar else None,
                 xticklabels=max(1, heads // 16), yticklabels=max(1, layers // 16))

@@ -405,3 +405,19 @@ def test_out_of_range_parameters_name_themselves(kwargs, names):
         allocate("headkv", [head_profile()], **kwargs)
     message = str(info.value)
     assert "\n" not in message and all(n in message for n in names), message
+
+
+@pytest.mark.parametrize("method, compat", [("headkv", None), ("headkv", "headkv"), ("combined", None)])
+def test_a_negative_query_head_score_is_refused_whatever_the_stored_kv_scores(method, compat):
+    prof = head_profile()
+    scores = [row[:] for row in prof.query_heads]
+    scores[3][4] = -1.0                                   # an edited file: kv_heads still say all is well
+    bad = dataclasses.replace(prof, query_heads=scores)
+    profiles = [bad] if method != "combined" else [bad, retention_profile()]
+    kwargs = {"compat": compat} if compat else {}
+    with pytest.raises(HeadprobeError) as info:
+        allocate(method, profiles, capacity=128, **kwargs)
+    assert "field 'scores.query_heads[3][4]': expected a score of at least 0, found -1.0" in str(info.value)
+    near_zero = [row[:] for row in prof.query_heads]
+    near_zero[3][4] = -1e-4                               # a learned gate's end, read as 0
+    assert allocate("headkv", [dataclasses.replace(prof, query_heads=near_zero)], capacity=128).total > 0

@@ -143,3 +143,18 @@ def test_plots_of_shipped_profiles(path, tmp_path):
     for i, fig in enumerate(figs):
         assert all(ax.get_xlabel() for ax in fig.axes if ax.get_label() != "<colorbar>")
         rendered(save_figure(fig, tmp_path / f"{i}.png"))
+
+
+def test_scores_near_the_float_range_draw_scaled_with_the_scale_named(tmp_path):
+    import dataclasses
+
+    import headprobe
+
+    prof = headprobe.Profile.load(Path(__file__).resolve().parents[2] / "profiles" / "smollm2-135m.retrieval.json")
+    layers, heads = len(prof.query_heads), len(prof.query_heads[0])
+    for values in ([[1e308] * heads for _ in range(layers)],
+                   [[1e308 if (i + j) % 2 else 0.0 for j in range(heads)] for i in range(layers)]):
+        fig = headprobe.head_heatmap(dataclasses.replace(prof, query_heads=values))
+        fig.savefig(tmp_path / "h.png")
+        labels = [ax.get_ylabel() for ax in fig.axes]
+        assert "score / 1e+308" in labels
