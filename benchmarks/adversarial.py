@@ -1360,7 +1360,7 @@ def _signal_case(sig: int, extra: tuple[str, ...] = ()):
         torn = whole_lines(log)
         if torn:
             return LOST, torn
-        again = sub(*argv, "--resume", *(("--force",) if extra else ()))
+        again = sub(*argv, "--resume")          # a killed forced rerun continues from the log it restarted
         if again.rc != 0:
             return judge(again, "ok")
         problem = same_profile(d / "smollm2-135m.retrieval.json", ref)
