@@ -49,6 +49,11 @@ MEASURED: dict[tuple[str, float, tuple[int, ...], tuple[float, ...]], dict[str, 
         "enhanced_retrieval": Agreement(0.994, 9, 20, 2, 84, _REFERENCE),
         "retrieval_reasoning": Agreement(0.970, 10, 20, 2, 96, _REFERENCE),
     },
+    ("google/gemma-3-270m", 0.0, CPU_LENGTHS, CPU_DEPTHS): {
+        "retrieval": Agreement(0.973, 10, 19, 3, 84, _GEMMA_REFERENCE),
+        "enhanced_retrieval": Agreement(0.992, 10, 20, 3, 84, _GEMMA_REFERENCE),
+        "retrieval_reasoning": Agreement(0.968, 9, 20, 0, 96, _GEMMA_REFERENCE),
+    },
 }
 
 
