@@ -159,7 +159,7 @@ def test_compat_with_a_negative_score_writes_nothing(workdir, capsys):
     neg.save(workdir / "neg.json")
     assert main(["allocate", "--profile", "neg.json", "--compat", "headkv", "--capacity", "64", "-o", "n.json"]) == 2
     err = capsys.readouterr().err
-    assert "compat=headkv: the profile has negative scores (min -1)" in err and err.count("\n") == 1
+    assert "field 'scores.query_heads[0][0]': expected a score of at least 0, found -1.0" in err and err.count("\n") == 1
     assert not (workdir / "n.json").exists()
     assert main(["allocate", "--profile", "neg.json", "--capacity", "64", "-o", "n.json"]) == 2
-    assert "has negative scores" in capsys.readouterr().err and not (workdir / "n.json").exists()
+    assert "expected a score of at least 0, found -1.0" in capsys.readouterr().err and not (workdir / "n.json").exists()
