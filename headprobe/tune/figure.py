@@ -7,6 +7,7 @@ the chosen setting (hollow star) and the published presets (diamonds, labelled),
 
 from __future__ import annotations
 
+import textwrap
 from typing import TYPE_CHECKING, Any
 
 from ..plots.profile_figures import plt  # the plots' backend choice (Agg without a display)
@@ -50,7 +51,8 @@ def tune_figure(report: dict[str, Any]) -> Figure:
         full = next((r for r in cap["holdout"] if r["kind"] == "full"), None)
         if full is not None:
             ax.axhline(full["accuracy"], color="k", ls="--", lw=0.8, label="full cache, held out")
-        ax.set_title(f"{cap['capacity']} tokens per KV head: {cap['chosen']['label']}", fontsize=8)
+        chosen = textwrap.fill(cap["chosen"]["label"], 48, break_on_hyphens=False)   # long labels wrap, not overlap
+        ax.set_title(f"{cap['capacity']} tokens per KV head, chosen:\n{chosen}", fontsize=8)
         ax.set_xlabel("KV cache allocated (MiB)")
         ax.set_ylabel("accuracy (bootstrap interval)")
         ax.set_ylim(-0.03, 1.03)
