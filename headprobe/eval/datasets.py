@@ -92,8 +92,9 @@ def open_dataset(source: Any, split: str = "test", what: str = "source") -> tupl
     try:
         import datasets
     except ImportError:
-        raise HeadprobeError("reading a QA dataset needs the 'datasets' package, an optional dependency: "
-                             "pip install 'headprobe[eval]'") from None
+        raise HeadprobeError("reading a dataset (eval --task dataset, tune --task dataset, profile --contexts) "
+                             "needs the 'datasets' package, an optional dependency: pip install 'headprobe[eval]'"
+                             ) from None
 
     if isinstance(source, datasets.Dataset):
         return source, "<dataset>"

@@ -116,7 +116,7 @@ def _use_triton(device: torch.device) -> bool:
     runnable = triton_available() and (device.type == "cuda" or (device.type == "cpu" and interpreting()))
     if _backend == "triton":
         if not runnable:
-            reason = "Triton is not installed" if not triton_available() else \
+            reason = "Triton is not installed (pip install 'headprobe[gpu]')" if not triton_available() else \
                 f"Triton cannot launch on {device.type} (set TRITON_INTERPRET=1 to interpret on CPU)"
             _warn_once(reason)
             return False
