@@ -14,8 +14,8 @@ from .common_args import (
     add_prompt_format_arguments,
     add_rerun_arguments,
     chat_template_wanted,
-    figure_path,
     load_model,
+    output_figure,
     rank_note,
     resolve_prompt_format,
 )
@@ -66,8 +66,7 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)
-    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
-        else out.with_suffix(".png")
+    plot = output_figure(args.plot, out)
     if ranks.is_main:   # the merged outputs are rank 0's to write; every rank checks its own log below
         headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
     # what is there now this run may replace (the check allowed it); what another run writes meanwhile is refused

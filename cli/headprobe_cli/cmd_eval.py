@@ -12,9 +12,12 @@ from .common_args import (
     add_loading_arguments,
     add_prompt_format_arguments,
     add_rerun_arguments,
+    add_task_arguments,
     chat_template_wanted,
+    dataset_fields,
     figure_path,
     load_model,
+    output_figure,
     rank_note,
     rank_progress,
     resolve_prompt_format,
@@ -48,20 +51,8 @@ def register(sub, formatter) -> None:
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
     p.add_argument("--task", choices=["needle", "babi", "dataset", "longgen"], default="needle",
                    help="longgen: a long report on the haystack, scored by ROUGE-L against the full cache's report")
-    p.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
-    p.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
-    p.add_argument("--haystack", default=None, help="haystack text file or folder of .txt (default: shipped corpus)")
-    p.add_argument("--lengths", nargs="+", type=int, default=[1000, 2000], help="prompt lengths in tokens")
-    p.add_argument("--depths", nargs="+", type=float, default=[0, 50, 100], help="needle depths in percent")
-    p.add_argument("--babi-count", type=int, default=8, help="bAbI-style questions (--task babi)")
-    p.add_argument("--babi-tasks", nargs="+", default=list(headprobe.BABI_TASKS), help="question types")
+    add_task_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
-    p.add_argument("--split", default="test")
-    p.add_argument("--fields", default="context=context,question=input,answers=answers",
-                   help="field names of the dataset")
-    p.add_argument("--limit", type=int, default=None, help="first N dataset rows")
-    p.add_argument("--max-length", type=int, default=4000, help="--task dataset: cut prompts to this many tokens")
     p.add_argument("--max-new-tokens", type=int, default=32)
     add_prompt_format_arguments(p)
     p.add_argument("--no-shared-prefill", action="store_true",
@@ -72,16 +63,6 @@ def register(sub, formatter) -> None:
     p.add_argument("--memory-plot", default=None, help="also write accuracy vs cache bytes to this PNG")
     add_rerun_arguments(p, log="its cell log", replaced="the cell log and the outputs")
     p.set_defaults(func=run)
-
-
-def _fields(text: str) -> dict[str, str]:
-    out = {"context": "context", "question": "input", "answers": "answers"}
-    for part in text.split(","):
-        if "=" not in part or part.split("=", 1)[0] not in out:
-            raise HeadprobeError(f"--fields {text}: expected context=NAME,question=NAME,answers=NAME")
-        k, v = part.split("=", 1)
-        out[k] = v
-    return out
 
 
 def _lazy_progress(total: int, description: str):
@@ -109,8 +90,7 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     for s in settings:   # bad policy options fail before the model loads
         s.check_policy()
     out = Path(args.out)
-    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
-        else out.with_suffix(".png")
+    plot = output_figure(args.plot, out)
     memory_plot = figure_path(args.memory_plot) if args.memory_plot else None
     figures = [f for f in (plot, memory_plot) if f is not None]
     if ranks.is_main:   # before the model loads; the merged outputs are rank 0's, each rank checks its own log below
@@ -127,7 +107,7 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     if args.task == "dataset":
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
-        f = _fields(args.fields)
+        f = dataset_fields(args.fields)
         examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
                                              args.limit)
     elif args.task == "babi":

@@ -8,7 +8,18 @@ from pathlib import Path
 import headprobe
 from headprobe import HeadprobeError
 
-from .common_args import add_loading_arguments, add_rerun_arguments, figure_path, load_model, rank_note
+from .common_args import (
+    add_loading_arguments,
+    add_prompt_format_arguments,
+    add_rerun_arguments,
+    add_task_arguments,
+    chat_template_wanted,
+    dataset_fields,
+    load_model,
+    output_figure,
+    rank_note,
+    resolve_prompt_format,
+)
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name.
@@ -42,19 +53,7 @@ def register(sub, formatter) -> None:
     memory.add_argument("--cache-bytes", default=None, metavar="SIZE", help="a cache size at --context, e.g. 2GiB")
     p.add_argument("--context", type=int, default=None, help="prompt tokens a memory target is for")
     p.add_argument("--task", choices=["needle", "babi", "dataset"], default="needle")
-    p.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
-    p.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
-    p.add_argument("--haystack", default=None, help="haystack text file or folder of .txt (default: shipped corpus)")
-    p.add_argument("--lengths", nargs="+", type=int, default=[1000, 2000], help="prompt lengths in tokens")
-    p.add_argument("--depths", nargs="+", type=float, default=[0, 50, 100], help="needle depths in percent")
-    p.add_argument("--babi-count", type=int, default=8, help="bAbI-style questions (--task babi)")
-    p.add_argument("--babi-tasks", nargs="+", default=list(headprobe.BABI_TASKS), help="question types")
-    p.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
-    p.add_argument("--split", default="test")
-    p.add_argument("--fields", default="context=context,question=input,answers=answers",
-                   help="field names of the dataset")
-    p.add_argument("--limit", type=int, default=None, help="first N dataset rows")
-    p.add_argument("--max-length", type=int, default=4000, help="--task dataset: cut prompts to this many tokens")
+    add_task_arguments(p)
     held = p.add_mutually_exclusive_group()
     held.add_argument("--holdout-ids", nargs="+", default=None, metavar="ID",
                       help="items the search never sees (default: a share of them, by a hash of their ids)")
@@ -80,22 +79,12 @@ def register(sub, formatter) -> None:
     p.add_argument("--resamples", type=int, default=2000, help="bootstrap resamples")
     p.add_argument("--seed", type=int, default=0, help="seed of the split, the bootstrap and bAbI questions")
     p.add_argument("--max-new-tokens", type=int, default=32)
-    p.add_argument("--no-chat-template", action="store_true")
+    add_prompt_format_arguments(p)
     p.add_argument("--no-shared-prefill", action="store_true")
     p.add_argument("--out", default="tune/tune.json", help="report JSON (eval runs in <stem>.runs/ beside it)")
     p.add_argument("--plot", default=None, help="figure (default: beside --out); 'none' to skip")
     add_rerun_arguments(p, log="its eval runs' cell logs", replaced="the eval runs and the outputs")
     p.set_defaults(func=run)
-
-
-def _fields(text: str) -> dict[str, str]:
-    out = {"context": "context", "question": "input", "answers": "answers"}
-    for part in text.split(","):
-        if "=" not in part or part.split("=", 1)[0] not in out:
-            raise HeadprobeError(f"--fields {text}: expected context=NAME,question=NAME,answers=NAME")
-        k, v = part.split("=", 1)
-        out[k] = v
-    return out
 
 
 def _task(args: argparse.Namespace) -> headprobe.TuneTask:
@@ -104,7 +93,7 @@ def _task(args: argparse.Namespace) -> headprobe.TuneTask:
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
         headprobe.check_count("max_length", args.max_length)
-        f = _fields(args.fields)
+        f = dataset_fields(args.fields)
         examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
                                              args.limit)
         return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
@@ -149,6 +138,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    chat_template = chat_template_wanted(args)          # a contradiction fails before the model loads
     rule = headprobe.HalvingRule(args.eta, args.level, args.resamples, args.seed)
     space = headprobe.SearchSpace(tuple(args.policies or ()), tuple(args.allocations or ()),
                                   headprobe.parse_tune_values(args.values), tuple(args.head_kinds or ()),
@@ -167,19 +157,19 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
                              f"{n_alloc} allocation-stage candidates per capacity; narrow it (--policies, "
                              "--allocations, --head-kinds, --values) or raise --max-candidates")
     out = Path(args.out)
-    plot = None if (args.plot or "").lower() == "none" else figure_path(args.plot) if args.plot \
-        else out.with_suffix(".png")
+    plot = output_figure(args.plot, out)
     if ranks.is_main:
         headprobe.check_tune_outputs(out, capacities, plot, args.resume, args.force)
     task = _task(args)
     split = headprobe.split_items(task.ids, args.holdout_ids, args.holdout_share, args.seed)
     request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
-                                    not args.no_chat_template, not args.no_shared_prefill, memory=memory)
+                                    chat_template, not args.no_shared_prefill, memory=memory)
     if ranks.is_main:
         print(f"tune: {len(split.calibration)} calibration items ({', '.join(split.calibration)}), "
               f"{len(split.holdout)} held out ({', '.join(split.holdout)}); capacities {capacities}; "
               f"{n_sel} selections, up to {n_alloc} allocation-stage candidates per capacity")
     lm = load_model(args, ranks)
+    resolve_prompt_format(args, lm.tokenizer)           # --prompt-format chat without a template: refused here
 
     def progress(description: str, total: int):
         return tqdm_progress(total, description)

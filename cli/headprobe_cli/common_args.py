@@ -116,6 +116,53 @@ def add_force_argument(parser: argparse.ArgumentParser, what: str = "an existing
     parser.add_argument("--force", action="store_true", help=f"overwrite {what}")
 
 
+def add_task_arguments(parser: argparse.ArgumentParser) -> None:
+    """The items and grid of an evaluation task, shared by ``eval`` and ``tune``: the needle grid
+    (``--needles --needle-ids --haystack --lengths --depths``), bAbI-style questions (``--babi-count
+    --babi-tasks``) and an outside QA dataset (``--dataset --split --fields --limit --max-length``)."""
+    parser.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
+    parser.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
+    parser.add_argument("--haystack", default=None,
+                        help="haystack text file or folder of .txt (default: shipped corpus)")
+    parser.add_argument("--lengths", nargs="+", type=int, default=[1000, 2000], help="prompt lengths in tokens")
+    parser.add_argument("--depths", nargs="+", type=float, default=[0, 50, 100], help="needle depths in percent")
+    parser.add_argument("--babi-count", type=int, default=8, help="bAbI-style questions (--task babi)")
+    parser.add_argument("--babi-tasks", nargs="+", default=list(hp.BABI_TASKS), help="question types")
+    parser.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
+    parser.add_argument("--split", default="test")
+    parser.add_argument("--fields", default="context=context,question=input,answers=answers",
+                        help="field names of the dataset")
+    parser.add_argument("--limit", type=int, default=None, help="first N dataset rows")
+    parser.add_argument("--max-length", type=int, default=4000,
+                        help="--task dataset: cut prompts to this many tokens")
+
+
+def dataset_fields(text: str) -> dict[str, str]:
+    """``--fields context=NAME,question=NAME,answers=NAME`` as ``{role: field name}`` (roles not named keep
+    their defaults: context, input, answers).
+
+    Raises
+    ------
+    HeadprobeError
+        A part that is not ``ROLE=NAME`` with a known role.
+    """
+    out = {"context": "context", "question": "input", "answers": "answers"}
+    for part in text.split(","):
+        if "=" not in part or part.split("=", 1)[0] not in out:
+            raise hp.HeadprobeError(f"--fields {text}: expected context=NAME,question=NAME,answers=NAME")
+        k, v = part.split("=", 1)
+        out[k] = v
+    return out
+
+
+def output_figure(plot: str | None, out: Path) -> Path | None:
+    """The figure a command writes beside its result ``out``: ``--plot FILE``, ``none`` for no figure, and by
+    default ``out`` with ``.png``."""
+    if (plot or "").lower() == "none":
+        return None
+    return figure_path(plot) if plot else out.with_suffix(".png")
+
+
 def figure_path(text: str) -> Path:
     """The file a figure named on the command line is saved to: ``.png`` added when it has no suffix;
     a suffix other than a plot format is refused (before the model loads)."""

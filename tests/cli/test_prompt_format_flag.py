@@ -1,4 +1,4 @@
-"""``--prompt-format {auto,chat,plain}`` on profile, eval, ablate and generate, beside the older switches."""
+"""``--prompt-format {auto,chat,plain}`` on profile, eval, ablate, generate and tune, beside the older switches."""
 
 from __future__ import annotations
 
@@ -19,6 +19,10 @@ COMMANDS = {
     "ablate": (["ablate", "--lengths", "300", "--depths", "50", "--needle-ids", "r01", "--plot", "none"],
                "--no-chat-template"),
     "generate": (["generate", "--capacity", "16", "--max-new-tokens", "2", "hello"], "--no-chat"),
+    "tune": (["tune", "--capacities", "16", "--lengths", "300", "--depths", "50", "--needle-ids", "r01", "r02",
+              "--holdout-ids", "r02", "--policies", "snapkv", "--allocations", "uniform", "--values", "window=8",
+              "kernel_size=7", "pooling=max", "--no-preset-candidates", "--presets", "full", "--max-new-tokens", "2",
+              "--plot", "none"], "--no-chat-template"),
 }
 
 
