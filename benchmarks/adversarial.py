@@ -298,15 +298,21 @@ def synthetic_shards(folder: Path, n: int, name: str = "smollm2-135m", depths=(0
 
 # ---- checks of outputs, by the readers that will read them ---------------------------------------
 
-def check_budget_file(path: Path) -> str | None:
+def _read_back(path: Path, kind: str) -> str | None:
+    """Whether the file headprobe wrote at ``path`` reads back through its own reader (``kind``: the file
+    type's class name) and the summary ``inspect`` prints."""
     import headprobe
 
     try:
-        headprobe.BudgetMap.load(path)
+        getattr(headprobe, kind).load(path)
         headprobe.summarize_file(path)
     except headprobe.HeadprobeError as exc:
         return f"{path.name} was written but its own reader refuses it: {exc}"
     return None
+
+
+def check_budget_file(path: Path) -> str | None:
+    return _read_back(path, "BudgetMap")
 
 
 def check_png(path: Path) -> str | None:
@@ -381,14 +387,7 @@ def check_ratios(path: Path, bm_path: Path, prompt_len: int) -> str | None:
 
 
 def check_profile_file(path: Path) -> str | None:
-    import headprobe
-
-    try:
-        headprobe.Profile.load(path)
-        headprobe.summarize_file(path)
-    except headprobe.HeadprobeError as exc:
-        return f"{path.name} was written but its own reader refuses it: {exc}"
-    return None
+    return _read_back(path, "Profile")
 
 
 def same_profile(a: Path, b: Path) -> str | None:

@@ -9,6 +9,7 @@ import headprobe
 from headprobe import HeadprobeError
 
 from .common_args import (
+    TASK_FLAGS,
     add_loading_arguments,
     add_prompt_format_arguments,
     add_rerun_arguments,
@@ -25,8 +26,7 @@ from .common_args import (
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
-FLAGS = {"spec": "--settings", "specs": "--settings", "source": "--dataset", "context_field": "--fields",
-         "question_field": "--fields", "answers_field": "--fields", "tasks": "--babi-tasks", "count": "--babi-count"}
+FLAGS = {"spec": "--settings", "specs": "--settings", **TASK_FLAGS}
 
 
 def register(sub, formatter) -> None:

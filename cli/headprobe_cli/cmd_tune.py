@@ -9,6 +9,7 @@ import headprobe
 from headprobe import HeadprobeError
 
 from .common_args import (
+    TASK_FLAGS,
     add_loading_arguments,
     add_prompt_format_arguments,
     add_rerun_arguments,
@@ -23,8 +24,7 @@ from .common_args import (
 from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name.
-FLAGS = {"spec": "--presets", "specs": "--presets", "source": "--dataset", "context_field": "--fields",
-         "question_field": "--fields", "answers_field": "--fields", "tasks": "--babi-tasks", "count": "--babi-count"}
+FLAGS = {"spec": "--presets", "specs": "--presets", **TASK_FLAGS}
 
 
 def register(sub, formatter) -> None:

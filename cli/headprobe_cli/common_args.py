@@ -116,6 +116,12 @@ def add_force_argument(parser: argparse.ArgumentParser, what: str = "an existing
     parser.add_argument("--force", action="store_true", help=f"overwrite {what}")
 
 
+#: Library parameters of the task readers and the flags :func:`add_task_arguments` gives them (errors name
+#: them by these flags).
+TASK_FLAGS = {"source": "--dataset", "context_field": "--fields", "question_field": "--fields",
+              "answers_field": "--fields", "tasks": "--babi-tasks", "count": "--babi-count"}
+
+
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """The items and grid of an evaluation task, shared by ``eval`` and ``tune``: the needle grid
     (``--needles --needle-ids --haystack --lengths --depths``), bAbI-style questions (``--babi-count
