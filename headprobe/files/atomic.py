@@ -11,13 +11,14 @@ before either wrote. Temporaries get the mode of any new file (``0o666`` less th
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import secrets
 import shutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from ..errors import HeadprobeError, param
 
@@ -135,6 +136,28 @@ def put_in_place(tmp: Path, path: Path, overwrite: bool, hint: str = "") -> None
     remove_quietly(tmp)
 
 
+def _write_synced(fd: int, write: Callable[[IO[bytes]], Any]) -> None:
+    """``write(handle)`` into the open file ``fd``, flushed to disk before it is closed."""
+    with os.fdopen(fd, "wb") as handle:
+        write(handle)
+        handle.flush()
+        os.fsync(handle.fileno())
+
+
+@contextlib.contextmanager
+def _undone_on_failure(target: Path, tmp: Path, made: list[Path]) -> Iterator[None]:
+    """Inside the block a temporary ``tmp`` is written for ``target``; if the block fails, the temporary and
+    the folders made for it (``made``) are removed, and an ``OSError`` becomes one line naming ``target``."""
+    try:
+        yield
+    except BaseException as exc:
+        remove_quietly(tmp)
+        remove_empty_folders(made)
+        if isinstance(exc, OSError):
+            raise HeadprobeError(f"{target}: cannot write ({exc.strerror or exc})") from exc
+        raise
+
+
 def write_file_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], None], overwrite: bool = True,
                           hint: str = "") -> Path:
     """Write a file whole: ``write(handle)`` fills a temporary beside ``path``, which is then put in place
@@ -153,18 +176,9 @@ def write_file_atomically(path: str | os.PathLike, write: Callable[[IO[bytes]], 
     except HeadprobeError:
         remove_empty_folders(made)
         raise
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            write(handle)
-            handle.flush()
-            os.fsync(handle.fileno())
+    with _undone_on_failure(path, tmp, made):
+        _write_synced(fd, write)
         put_in_place(tmp, path, overwrite, hint)
-    except BaseException as exc:
-        remove_quietly(tmp)
-        remove_empty_folders(made)
-        if isinstance(exc, OSError):
-            raise HeadprobeError(f"{path}: cannot write ({exc.strerror or exc})") from exc
-        raise
     return path
 
 
@@ -221,14 +235,11 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
     made = missing_folders(folder.parent)
     parent = make_output_dir(folder.parent)
     tmp = parent / f".{folder.name}.{secrets.token_hex(4)}.tmp"
-    try:
+    with _undone_on_failure(folder, tmp, made):
         os.mkdir(tmp, 0o777)
         for name, content in data.items():
             fd = os.open(tmp / name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(content)
-                handle.flush()
-                os.fsync(handle.fileno())
+            _write_synced(fd, lambda handle, c=content: handle.write(c))
         try:
             os.rename(tmp, folder)          # replaces an empty folder; refused over one that holds files
         except OSError as exc:
@@ -236,10 +247,4 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
                 raise HeadprobeError(exists_message(folder, hint or "(it was written while this run worked; "
                                                                     "nothing was replaced)")) from None
             raise
-    except BaseException as exc:
-        remove_quietly(tmp)
-        remove_empty_folders(made)
-        if isinstance(exc, OSError):
-            raise HeadprobeError(f"{folder}: cannot write ({exc.strerror or exc})") from exc
-        raise
     return folder

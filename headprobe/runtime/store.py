@@ -24,12 +24,11 @@ work queued before it, once per layer per token.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import numpy as np
 import torch
 
-from .kernels.dispatch import compact, ragged_attention
+from .kernels.dispatch import RaggedBuffers, compact, ragged_attention
 
 
 @dataclass
@@ -50,21 +49,6 @@ class Selection:
     index: torch.Tensor
     count: torch.Tensor
     scores: torch.Tensor | None = None
-
-
-class RaggedBuffers(NamedTuple):
-    """A layer's flat buffers, as the kernels read and write them.
-
-    ``keys``/``values`` ``[rows, head_dim]``, ``positions`` ``[rows]`` int32, per segment its first row
-    ``offsets`` and ``lengths`` (``[segments]`` int64), ``log_votes`` ``[rows]`` float32 or ``None``.
-    """
-
-    keys: torch.Tensor
-    values: torch.Tensor
-    positions: torch.Tensor
-    offsets: torch.Tensor
-    lengths: torch.Tensor
-    log_votes: torch.Tensor | None
 
 
 class LayerStore:

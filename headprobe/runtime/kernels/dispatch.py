@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from typing import Protocol, TypeVar
+from typing import NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -23,12 +23,13 @@ from .launch import interpreting
 from .torch_ref import compact_torch, ragged_attention_torch
 
 
-class Buffers(Protocol):
-    """A layer's flat buffers (:class:`headprobe.runtime.store.RaggedBuffers`).
+class RaggedBuffers(NamedTuple):
+    """A layer's flat buffers, as the kernels read and write them (the store hands them out,
+    :meth:`headprobe.runtime.store.LayerStore.buffers`).
 
-    ``keys``/``values`` ``[rows, head_dim]`` and ``positions`` ``[rows]``; per segment
-    ``s = b · kv_heads + h`` its first row ``offsets[s]`` and ``lengths[s]``; ``log_votes`` ``[rows]`` or
-    ``None``.
+    ``keys``/``values`` ``[rows, head_dim]`` and ``positions`` ``[rows]`` int32; per segment
+    ``s = b · kv_heads + h`` its first row ``offsets[s]`` and ``lengths[s]`` (int64); ``log_votes`` ``[rows]``
+    float32 or ``None``.
     """
 
     keys: torch.Tensor
@@ -45,7 +46,7 @@ class SegmentStore(Protocol):
 
     kv_heads: int
 
-    def buffers(self) -> Buffers: ...
+    def buffers(self) -> RaggedBuffers: ...
 
     def padded(self) -> dict[str, torch.Tensor]: ...
 
@@ -140,7 +141,7 @@ def _first_launch(kernel: str, launch: Callable[[], T], fallback: Callable[[], T
     return result
 
 
-def compact(buffers: Buffers, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
+def compact(buffers: RaggedBuffers, keys: torch.Tensor, values: torch.Tensor, positions: torch.Tensor,
             selection: TokenSelection) -> None:
     """Gather the selected prompt pairs of every segment of a layer into its buffers (one launch); sets
     ``buffers.lengths`` to the counts."""
