@@ -125,6 +125,18 @@ def smollm2() -> LoadedModel:
     return load_model("smollm2-135m", device="cpu")
 
 
+@pytest.fixture(scope="session")
+def gemma3() -> LoadedModel:
+    """The real Gemma 3 270M (float32, CPU), loaded once per test session; skipped where its model package
+    is not installed."""
+    from headprobe import HeadprobeError, load_model
+
+    try:
+        return load_model("gemma3-270m", device="cpu")
+    except HeadprobeError as exc:
+        pytest.skip(str(exc))
+
+
 @pytest.fixture
 def one_thread():
     """Run a test with one torch thread: small models are dominated by per-op overhead, and on small shared

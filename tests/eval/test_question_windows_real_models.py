@@ -10,19 +10,10 @@ from __future__ import annotations
 import pytest
 
 import headprobe
-from headprobe import HeadprobeError
 from headprobe.eval import expand_settings
 from headprobe.haystack.context import build_context, question_prompt, response_prefix
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="module")
-def gemma3():
-    try:
-        return headprobe.load_model("gemma3-270m", device="cpu")
-    except HeadprobeError as exc:          # the model package is not installed
-        pytest.skip(str(exc))
 
 
 def _template_end(tok) -> str:

@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 import headprobe
-from headprobe import HeadprobeError
 from headprobe.eval import EvalRequest, expand_settings, run_eval
 from headprobe.haystack.corpus import Haystack
 from headprobe.haystack.needles import Needle
@@ -44,14 +43,6 @@ def _docstring_haystack() -> Haystack:
                 if doc and len(doc.split()) >= 8:
                     paragraphs.append(" ".join(doc.split()))
     return Haystack("stdlib-docstrings", "\n\n".join(dict.fromkeys(paragraphs)))
-
-
-@pytest.fixture(scope="module")
-def gemma3():
-    try:
-        return headprobe.load_model("gemma3-270m", device="cpu")
-    except HeadprobeError as exc:          # the model package is not installed
-        pytest.skip(str(exc))
 
 
 def test_gemma3s_full_cache_answers_short_needles_after_the_cue(gemma3, tmp_path, one_thread):

@@ -5,19 +5,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprobe import HeadprobeError, generate_compressed
+from headprobe import generate_compressed
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
-
-
-@pytest.fixture(scope="module")
-def gemma3():
-    from headprobe import load_model
-
-    try:
-        return load_model("gemma3-270m", device="cpu")
-    except HeadprobeError as exc:          # the model package is not installed
-        pytest.skip(str(exc))
 
 
 def test_gemma3_sliding_layers_and_compressed_global_layers(gemma3):
