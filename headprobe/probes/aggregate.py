@@ -143,11 +143,17 @@ def check_trial_records(settings: dict[str, Any], records: Iterable[tuple[str, d
     FileFormatError
         Naming the record's place and field.
     """
-    _steps(settings).check_records(settings, list(records))
+    steps_of_log(settings).check_records(settings, list(records))
 
 
-def _steps(settings: dict[str, Any]) -> Any:
-    """The steps of the pass a log's settings name."""
+def steps_of_log(settings: dict[str, Any]) -> Any:
+    """The steps of the pass a log's settings name (its ``settings["pass"]``).
+
+    Raises
+    ------
+    FileFormatError
+        No registered pass has that name.
+    """
     probe_pass = get_pass(str(settings.get("pass")))
     if probe_pass is None:
         raise FileFormatError("<trial log>", "settings.pass", f"no probe pass {settings.get('pass')!r}")
@@ -303,7 +309,7 @@ def merge_logs(paths: list[str | Path], allow_partial: bool = False) -> MergedLo
             if r["trial"] not in merged:
                 merged[r["trial"]] = r
                 where_of[r["trial"]] = where
-    gap = _steps(settings).missing_trials(settings, where_of, shards)
+    gap = steps_of_log(settings).missing_trials(settings, where_of, shards)
     missing, missing_ids = gap.count, gap.ids
     if missing and not allow_partial:
         raise HeadprobeError(f"merge: {gap.what}; give every shard's log (finish unfinished shards with "
@@ -379,4 +385,4 @@ def profiles_from_log(settings: dict[str, Any], records: list[dict[str, Any]]) -
     NoPassingTrialsError
         When the pass can make no profile of the log.
     """
-    return _steps(settings).profiles(settings, records)
+    return steps_of_log(settings).profiles(settings, records)

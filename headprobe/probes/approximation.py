@@ -62,10 +62,9 @@ def approximation_record(settings: dict[str, Any], kind: str) -> dict[str, Any] 
     exact mode (fast, reference) and for a pass that runs exactly in every mode (layer retention)."""
     if settings.get("mode") != "reuse":
         return None
-    from .registry import get_pass
+    from .aggregate import steps_of_log
 
-    probe_pass = get_pass(str(settings.get("pass")))
-    if probe_pass is None or not probe_pass.implementation.approximates_in_reuse:
+    if not steps_of_log(settings).approximates_in_reuse:
         return None                         # the same exact runner under reuse mode's name
     share = float(settings.get("recompute_share", 0.0))
     record: dict[str, Any] = {"method": f"reuse mode, recompute share {100 * share:g}%"}

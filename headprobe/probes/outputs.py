@@ -18,8 +18,8 @@ from ..files.overwrite import check_overwrite
 from ..files.trial_log import read_log_records, settings_diff
 from ..models.registry import model_slug
 from ..profile import Profile
+from .aggregate import profiles_from_log
 from .approximation import approximation_record
-from .registry import get_pass
 
 
 @dataclass(frozen=True)
@@ -104,11 +104,8 @@ def profiles_to_write(settings: dict[str, Any], records: list[dict[str, Any]], o
     NoPassingTrialsError
         When the pass can make no profile of the log (no trial passed its gate).
     """
-    probe_pass = get_pass(str(settings.get("pass")))
-    if probe_pass is None:
-        raise HeadprobeError(f"settings.pass {settings.get('pass')!r}: no such probe pass")
     planned = []
-    for profile in probe_pass.implementation.profiles(settings, records):
+    for profile in profiles_from_log(settings, records):
         if missing:
             profile.trials["missing"] = missing
         approximation = approximation_record(settings, profile.kind)
