@@ -28,7 +28,7 @@ from .modes import AUTO_MODE, AUTO_RECOMPUTE_SHARE, auto_mode
 from .outputs import ProfileOutputs, log_path, profile_made_by_log, profile_path, profile_stem
 from .pass_steps import PassPlan, PassRun, RunContext
 from .registry import passes_for
-from .request import ProfileRequest, check_request
+from .request import ProfileRequest, check_request, is_set
 from .trial_grid import Grid, resolve_grid
 
 
@@ -98,9 +98,8 @@ class ProfilePlan:
                 check_reuse_model(loaded.model)
             except HeadprobeError:
                 runs_reuse = False
-        defaults = ProfileRequest(probes=request.probes)
-        asked_fast = (request.batch_size, request.split_attention) != (defaults.batch_size, defaults.split_attention)
-        asked_share = request.recompute_share != defaults.recompute_share
+        asked_fast = is_set(request, "batch_size") or is_set(request, "split_attention")
+        asked_share = is_set(request, "recompute_share")
         mode = auto_mode(loaded.device.type == "cpu", runs_reuse, asked_fast, asked_share)
         share = request.recompute_share if asked_share or mode != "reuse" else AUTO_RECOMPUTE_SHARE
         return dataclasses.replace(self, request=dataclasses.replace(request, mode=mode, recompute_share=share))

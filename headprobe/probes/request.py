@@ -144,7 +144,7 @@ class ProfileRequest:
         """
         passes = passes_for(self.probes)
         for name in optional_parameters():
-            if not (name in given if given is not None else _is_set(self, name)):
+            if not (name in given if given is not None else is_set(self, name)):
                 continue
             if not any(p.implementation.reads is None or name in p.implementation.reads for p in passes):
                 kinds = [k for p in probe_passes() if name in (p.implementation.reads or ()) for k in p.kinds]
@@ -171,7 +171,7 @@ def optional_parameters() -> list[str]:
     return [f.name for f in dataclasses.fields(ProfileRequest) if f.name in read]
 
 
-def _is_set(request: ProfileRequest, name: str) -> bool:
+def is_set(request: ProfileRequest, name: str) -> bool:
     """Whether ``request`` sets parameter ``name`` to other than its default."""
     value = getattr(request, name)
     if name == "gate":

@@ -17,7 +17,7 @@ from .aggregate import COUNT, SECONDS, check_fields, require_field, require_numb
 from .log_settings import shard_setting
 from .modes import MODES
 from .pass_steps import PassSteps, TrialGap
-from .trial_grid import shard_samples
+from .trial_grid import Grid, shard_samples
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
@@ -33,12 +33,12 @@ if TYPE_CHECKING:
 CPU_SAMPLES_PER_TASK = 2
 
 
-def cpu_grid_samples(request: ProfileRequest, on_gpu: bool) -> int | None:
+def cpu_grid_samples(request: ProfileRequest, grid: Grid) -> int | None:
     """Prompts per task a run takes beyond what it asked for: :data:`CPU_SAMPLES_PER_TASK` on the CPU grid
-    (``grid="cpu"``, or ``"auto"`` off a GPU) when ``samples_per_task`` was not given, else ``None``."""
+    (the resolved ``grid.default``) when ``samples_per_task`` was not given, else ``None``."""
     if request.samples_per_task is not None:
         return None
-    return CPU_SAMPLES_PER_TASK if request.grid == "cpu" or (request.grid == "auto" and not on_gpu) else None
+    return CPU_SAMPLES_PER_TASK if grid.default == "cpu" else None
 
 
 def first_per_task(samples: list[TaskSample], per_task: int | None) -> list[TaskSample]:
@@ -68,9 +68,9 @@ class RetentionPass(PassSteps):
         """The task samples, task by task."""
         return inputs.task_samples()
 
-    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:
+    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         request = context.request
-        per_task = cpu_grid_samples(request, loaded.device.type == "cuda")
+        per_task = cpu_grid_samples(request, context.grid)
         samples = first_per_task(plan.data, per_task)
         retention = request.retention
         out = {**context.common, "pass": plan.probe_pass.name, "probes": list(plan.probes),

@@ -79,11 +79,15 @@ class Grid:
         Needle depths as fractions in [0, 1].
     description
         What they are, for the command's output (``"CPU grid (...)"``, ``"custom lengths, custom depths"``).
+    default
+        The default grid the run takes what it was not given from: ``"full"`` or ``"cpu"`` (other passes
+        size themselves by it: layer retention's prompts per task).
     """
 
     lengths: tuple[int, ...]
     depths: tuple[float, ...]
     description: str
+    default: str = "cpu"
 
 
 def resolve_grid(grid: str, lengths: Sequence[int] | None, depths: Sequence[float] | None, on_gpu: bool,
@@ -100,13 +104,14 @@ def resolve_grid(grid: str, lengths: Sequence[int] | None, depths: Sequence[floa
     """
     if grid not in GRIDS:
         raise HeadprobeError(f"{param('grid', grid)}: expected one of {', '.join(GRIDS)}")
-    grid_lengths, grid_depths, described = default_grid(grid == "full" or (grid == "auto" and on_gpu), max_context)
+    full = grid == "full" or (grid == "auto" and on_gpu)
+    grid_lengths, grid_depths, described = default_grid(full, max_context)
     if lengths is not None:
         described = "custom lengths"
     if depths is not None:
         described += ", custom depths"
     return Grid(tuple(grid_lengths if lengths is None else lengths), tuple(grid_depths if depths is None else depths),
-                described)
+                described, "full" if full else "cpu")
 
 
 def make_grid(needle_ids: list[str], lengths: list[int], depths: list[float], seeds: list[int]) -> list[TrialSpec]:
