@@ -57,7 +57,7 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
             f"try shorter {param('lengths')}, other {param('needle_ids')}{hint} (see the responses in the trial log)"
         )
     layers, heads = identity.num_layers, identity.num_query_heads
-    mean = [[mean_of([r["scores"][kind][l][h] for r in passed]) for h in range(heads)] for l in range(layers)]
+    mean = exact_head_means([r["scores"][kind] for r in passed], layers, heads)
     by_gate: dict[str, int] = {}
     for r in records:
         for name in ("published", "likelihood"):
@@ -160,6 +160,13 @@ def steps_of_log(settings: dict[str, Any]) -> Any:
     return probe_pass.implementation
 
 
+def exact_head_means(per_trial: list, layers: int, heads: int) -> list[list[float]]:
+    """``[layers][heads]`` means over trials of ``per_trial`` (``[trials][layers][heads]``), each by
+    :func:`mean_of` (an exact sum: the same mean in any order of the trials, so shards and ranks merge to one
+    process's profile)."""
+    return [[mean_of([float(t[l][h]) for t in per_trial]) for h in range(heads)] for l in range(layers)]
+
+
 def mean_of(values: list[float]) -> float:
     """Mean of finite floats by an exact sum (``math.fsum``, so the order does not matter); for values whose
     sum is beyond the float range (a trial log's ``seconds``, which nothing bounds), the exact sum of
@@ -219,22 +226,24 @@ def check_fields(record: dict[str, Any], rules: dict[str, FieldRule], where: str
             raise FileFormatError(where, prefix + key, f"expected {expected}, found {_shown(record[key])}")
 
 
-def require_numbers(value: Any, shape: list[int], where: str, name: str, most: float | None = None) -> None:
-    """``value`` is a nested list of ``shape`` holding finite numbers >= 0 (and at most ``most``, when
-    given: what the probe can produce)."""
+def require_numbers(value: Any, shape: list[int], where: str, name: str, most: float | None = None,
+                    signed: bool = False) -> None:
+    """``value`` is a nested list of ``shape`` holding finite numbers >= 0 (any sign with ``signed``: QRHead's
+    calibrated scores), and at most ``most`` when given (what the probe can produce)."""
     if len(shape) > 1:
         if not isinstance(value, list) or len(value) != shape[0]:
             found = f"{len(value)} rows" if isinstance(value, list) else _shown(value)
             raise FileFormatError(where, name, f"expected {shape[0]} rows (one per layer), found {found}")
         for i, row in enumerate(value):
-            require_numbers(row, shape[1:], where, f"{name}[{i}]", most)
+            require_numbers(row, shape[1:], where, f"{name}[{i}]", most, signed)
         return
     if not isinstance(value, list) or len(value) != shape[0]:
         found = f"{len(value)} values" if isinstance(value, list) else _shown(value)
         raise FileFormatError(where, name, f"expected {shape[0]} values, found {found}")
     for j, x in enumerate(value):
-        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or x < 0:
-            raise FileFormatError(where, f"{name}[{j}]", f"expected a finite number >= 0, found {x!r}")
+        if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x) or (x < 0 and not signed):
+            wanted = "a finite number" if signed else "a finite number >= 0"
+            raise FileFormatError(where, f"{name}[{j}]", f"expected {wanted}, found {x!r}")
         if most is not None and x > most:
             raise FileFormatError(where, f"{name}[{j}]", f"expected a number from 0 to {most:g}, found {x!r}")
 

@@ -33,7 +33,7 @@ from ..haystack.contexts import ContextExample, ContextSet, DocumentPrompt, docu
 from ..haystack.needles import Needle
 from ..models.identity import ModelIdentity
 from ..profile import Profile, reduce_groups
-from .aggregate import require_field, require_numbers
+from .aggregate import exact_head_means, require_field, require_numbers
 from .bootstrap import BootstrapSettings, interval_block, top_k_jaccard
 from .early_stop import StopRule
 from .log_settings import portable_file_name, shard_setting
@@ -191,10 +191,7 @@ class ContextPass(PassSteps):
                 raise FileFormatError(where, f"gates.{self.gate}", f"expected true or false, found "
                                       f"{r['gates'].get(self.gate)!r}")
             for kind in self.score_kinds(settings):
-                if self.clip_negative:
-                    _require_finite(r["scores"].get(kind), shape, where, f"scores.{kind}")
-                else:
-                    require_numbers(r["scores"].get(kind), shape, where, f"scores.{kind}")
+                require_numbers(r["scores"].get(kind), shape, where, f"scores.{kind}", signed=self.clip_negative)
 
     def missing_trials(self, settings: dict[str, Any], found: dict[str, str], shards: list[list[int]]) -> TrialGap:  # noqa: ARG002 (the probe-pass interface)
         """The examples the settings name that no log holds."""
@@ -202,18 +199,6 @@ class ContextPass(PassSteps):
         missing = [i for i in ids if i not in found]
         shown = f" (first: {', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})" if missing else ""
         return TrialGap(len(missing), missing, f"{len(missing)} of {len(ids)} examples are missing{shown}")
-
-
-def _require_finite(value: Any, shape: list[int], where: str, name: str) -> None:
-    """``value`` is a ``shape`` nested list of finite numbers (any sign)."""
-    if not isinstance(value, list) or len(value) != shape[0]:
-        raise FileFormatError(where, name, f"expected {shape[0]} rows (one per layer)")
-    for i, row in enumerate(value):
-        if not isinstance(row, list) or len(row) != shape[1]:
-            raise FileFormatError(where, f"{name}[{i}]", f"expected {shape[1]} values")
-        for j, x in enumerate(row):
-            if isinstance(x, bool) or not isinstance(x, (int, float)) or not math.isfinite(x):
-                raise FileFormatError(where, f"{name}[{i}][{j}]", f"expected a finite number, found {x!r}")
 
 
 def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any], records: list[dict[str, Any]],
@@ -242,8 +227,7 @@ def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any]
             f"recall > 0.5), so there is nothing to average; see the responses in the trial log")
     layers, heads = identity.num_layers, identity.num_query_heads
     per_trial = np.array([r["scores"][kind] for r in passed], dtype=np.float64)    # [passed, layers, heads]
-    mean = [[math.fsum(float(per_trial[t, l, h]) for t in range(len(passed))) / len(passed) for h in range(heads)]
-            for l in range(layers)]
+    mean = exact_head_means(per_trial.tolist(), layers, heads)
     probe = {k: v for k, v in settings.items() if k != "probes"}
     probe["kind"] = kind
     intervals = interval_block(per_trial, BootstrapSettings())
