@@ -186,6 +186,7 @@ _API: dict[str, dict[str, str]] = {
         "TuneRequest": "tune.runner",
         "TuneTask": "tune.runner",
         "run_tune": "tune.runner",
+        "tune_profiles": "tune.runner:found_profiles",
         "SearchSpace": "tune.space",
         "parse_tune_values": "tune.space:parse_values",
         "count_candidates": "tune.space",

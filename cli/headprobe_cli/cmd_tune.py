@@ -149,8 +149,7 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         s.check_policy()
     identity = headprobe.model_shape(args.model)        # the model's shape, without its weights
     capacities, memory = _capacities(args, identity)
-    found = {k: f[0].profile for k in ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention")
-             if (f := headprobe.find_profiles(identity, k))}
+    found = headprobe.tune_profiles(identity)
     n_sel, n_alloc = headprobe.count_candidates(space, found)
     if max(n_sel, n_alloc) > args.max_candidates:
         raise HeadprobeError(f"--max-candidates {args.max_candidates}: the space has {n_sel} selections and up to "

@@ -177,25 +177,28 @@ def runs_dir(out: str | Path) -> Path:
 # ---- the trials found so far --------------------------------------------------------------------------
 
 class TrialStore:
-    """Every trial finished so far, by setting label and ``(item, length, depth)``."""
+    """Every trial finished so far, by setting label, then by ``(item, length, depth)``."""
 
     def __init__(self) -> None:
-        self.trials: dict[tuple[str, tuple[str, int, float | None]], dict[str, Any]] = {}
+        self.trials: dict[str, dict[tuple[str, int, float | None], dict[str, Any]]] = {}
 
     def add_cells(self, cells: Sequence[dict[str, Any]]) -> None:
         for cell in cells:
+            of_setting = self.trials.setdefault(cell["setting"], {})
             for t in cell["trials"]:
-                self.trials[(cell["setting"], (t["item"], cell["length"], cell["depth"]))] = t
+                of_setting[(t["item"], cell["length"], cell["depth"])] = t
 
     def has(self, label: str, keys: Sequence[tuple]) -> bool:
-        return all((label, k) in self.trials for k in keys)
+        of_setting = self.trials.get(label, {})
+        return all(k in of_setting for k in keys)
 
     def scores(self, label: str, keys: Sequence[tuple]) -> list[float]:
-        return [float(self.trials[(label, k)]["score"]) for k in keys]
+        of_setting = self.trials[label]
+        return [float(of_setting[k]["score"]) for k in keys]
 
     def of(self, label: str) -> list[tuple[tuple, dict[str, Any]]]:
         """Every trial of ``label``, sorted by key."""
-        found = [(k, t) for (lab, k), t in self.trials.items() if lab == label]
+        found = list(self.trials.get(label, {}).items())
         return sorted(found, key=lambda kt: (kt[0][0], kt[0][1], -1.0 if kt[0][2] is None else kt[0][2]))
 
     def mean_bytes(self, label: str) -> float:
@@ -426,13 +429,15 @@ class TuneOutcome:
     held_as: dict[int, str] = field(default_factory=dict)
 
 
-def _found_profiles(lm: Any, profile_dirs: list[Path] | None) -> dict[str, Any]:
+def found_profiles(identity: Any, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
+    """The newest profile of each kind the search space's allocations read (head scores of
+    :data:`~headprobe.tune.space.HEAD_KINDS`, layer retention) that exists for the model ``identity``."""
     from ..allocation.api import find_profiles
     from .space import HEAD_KINDS
 
     out = {}
     for kind in (*HEAD_KINDS, "layer_retention"):
-        found = find_profiles(lm.identity, kind, profile_dirs)
+        found = find_profiles(identity, kind, profile_dirs)
         if found:
             out[kind] = found[0].profile
     return out
@@ -484,7 +489,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     space, task, rule = request.space, request.task, request.rule
     windows = question_windows(lm, task)
     runs = TuneRuns(lm, request, out, ranks, resume, force, progress)
-    profiles = _found_profiles(lm, request.profile_dirs)
+    profiles = found_profiles(lm.identity, request.profile_dirs)
     sels, allocs = selections(space), allocations(space, profiles)
     calibration = list(request.split.calibration)
 
@@ -533,4 +538,4 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
 
 
 __all__ = ("QUESTION_WINDOW", "Race", "TrialStore", "TuneOutcome", "TuneRequest", "TuneRuns", "TuneTask",
-           "question_windows", "run_tune", "runs_dir", "setting_problem")
+           "found_profiles", "question_windows", "run_tune", "runs_dir", "setting_problem")

@@ -162,7 +162,7 @@ def test_the_outputs_run_in_eval_and_read_back(tuned, tiny_llama, tmp_path):
     holdout = {r["label"]: r for r in report["capacities"][0]["holdout"]}
     map16 = next(k for k in got if k.endswith("@16") and "budget" in k)
     chosen16 = report["capacities"][0]["chosen"]["held_out_as"]
-    store = outcome.store.trials[(chosen16, ("r04", LENGTHS[0], DEPTHS[0]))]
+    store = outcome.store.trials[chosen16][("r04", LENGTHS[0], DEPTHS[0])]
     assert got[map16]["trials"][0]["cache_bytes"] == store["cache_bytes"]
     assert got[map16]["trials"][0]["response"] == store["response"]
     assert holdout[chosen16]["n"] == 8
