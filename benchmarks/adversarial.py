@@ -328,7 +328,7 @@ def check_duo(folder: Path) -> str | None:
     import torch
 
     from headprobe import HeadprobeError
-    from headprobe.interop.duoattention import read_tsv
+    from headprobe.tool_files.duoattention import read_tsv
 
     tsv, config = folder / "full_attention_heads.tsv", folder / "config.json"
     if not (tsv.is_file() and config.is_file()):
@@ -351,7 +351,7 @@ def check_headkv_export(path: Path, profile: Path) -> str | None:
     import numpy as np
 
     import headprobe
-    from headprobe.interop import read_headkv_json
+    from headprobe.tool_files import read_headkv_json
 
     p = headprobe.Profile.load(profile)
     try:
@@ -365,7 +365,7 @@ def check_headkv_export(path: Path, profile: Path) -> str | None:
 
 def check_layers(path: Path) -> str | None:
     from headprobe import HeadprobeError
-    from headprobe.interop.layer_list import read_layer_list
+    from headprobe.tool_files.layer_list import read_layer_list
 
     try:
         read_layer_list(path)
@@ -758,7 +758,7 @@ def _name_escape(work: Work) -> tuple[str, str]:
 def _inspect_cells(work: Work) -> tuple[str, str]:
     import headprobe
 
-    res = cli("inspect", headprobe.cell_log_path(work.eval_log()))
+    res = cli("inspect", headprobe.frontend.cell_log_path(work.eval_log()))
     return judge(res, "ok", lambda: None if "eval cell log" in res.out else f"summarised as {res.out[:80]!r}")
 
 
@@ -1385,7 +1385,7 @@ def _eval_kill(work: Work) -> tuple[str, str]:
     proc = start(*argv, "--out", out)
     import headprobe
 
-    log = headprobe.cell_log_path(out)
+    log = headprobe.frontend.cell_log_path(out)
     if not _wait_for_trials(log, proc, 1):
         finish(proc)
         return MESSY, "the eval finished before it could be killed"

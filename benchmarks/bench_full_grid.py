@@ -49,14 +49,14 @@ def main() -> None:
     parser.add_argument("--needles-per-kind", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=4)
     parser.add_argument("--mode", default="fast", choices=list(headprobe.MODES))
-    parser.add_argument("--recompute-share", type=float, default=100 * headprobe.DEFAULT_RECOMPUTE_SHARE,
+    parser.add_argument("--recompute-share", type=float, default=100 * headprobe.frontend.DEFAULT_RECOMPUTE_SHARE,
                         metavar="PCT", help="reuse mode: percent of the haystack after the needle recomputed")
     parser.add_argument("--skip-retention", action="store_true", help="time the needle passes only")
     parser.add_argument("--out-dir", default=None, help="keep the sample's logs here (default: a temp dir)")
     args = parser.parse_args()
 
     loaded = headprobe.load_model(args.model, device=args.device)
-    lengths, depths, label = headprobe.probe_grid.full_grid(loaded.identity.max_context)
+    lengths, depths, label = headprobe.frontend.probe_grid.full_grid(loaded.identity.max_context)
     print(f"model {loaded.identity.name} on {loaded.device}, torch threads {torch.get_num_threads()}; {label}: "
           f"lengths {list(lengths)}; {args.mode} mode"
           + (f", recompute share {args.recompute_share:g}%" if args.mode == "reuse" else ""))
@@ -67,7 +67,7 @@ def main() -> None:
         sample = [n.id for n in needles[:args.needles_per_kind]]
         request = headprobe.ProfileRequest(probes=[probe], lengths=list(lengths), depths=list(depths), out_dir=out,
                                            needle_ids=sample, batch_size=args.batch_size, mode=args.mode,
-                                           recompute_share=headprobe.parse_recompute_share(args.recompute_share))
+                                           recompute_share=headprobe.frontend.parse_recompute_share(args.recompute_share))
         start = time.perf_counter()
         result = headprobe.run_profile(loaded, request)
         measured = time.perf_counter() - start

@@ -11,7 +11,7 @@ at each capacity, window 8, beta 1.2) and the same prompts (headprobe's haystack
 chat template, question included), and generate greedily with ``model.generate``:
 
 - headprobe: ``generate_compressed(..., policy="snapkv", budget=map)``: the cache holds the kept pairs only;
-- kvpress: ``with BudgetMapPress(map)(model): model.generate(...)`` (headprobe.integrations.kvpress,
+- kvpress: ``with BudgetMapPress(map)(model): model.generate(...)`` (headprobe.library_bridges.kvpress,
   kvpress' documented generate usage): each head keeps the same number of tokens, but kvpress masks the
   others in a full ``DynamicCache``.
 
@@ -66,7 +66,7 @@ def run_side(args) -> None:
     if args.side == "kvpress":
         from transformers import DynamicCache
 
-        from headprobe.integrations.kvpress import BudgetMapPress
+        from headprobe.library_bridges.kvpress import BudgetMapPress
         from headprobe.models.cache_argument import with_cache
     for needle, length, depth, ids in trials(args, lm.tokenizer):
         input_ids = torch.tensor([ids])

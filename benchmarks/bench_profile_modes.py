@@ -69,7 +69,7 @@ def main() -> None:
             passed = sum(1 for r in records if r["gates"].get("likelihood" if args.probe == "retrieval_reasoning"
                                                                and args.gate == "likelihood" else "published"))
             print(f"{length:>6} {mode:>11} {trials:>6} {passed:>6} {seconds[mode]:>8.2f} {peak_memory_mb(device):>8.0f}")
-            profile = out / f"{headprobe.model_slug(loaded.identity.name)}.{args.probe}.json"
+            profile = out / f"{headprobe.frontend.model_slug(loaded.identity.name)}.{args.probe}.json"
             if profile.exists():
                 maps[mode] = np.array(headprobe.Profile.load(profile).query_heads).ravel()
         for mode in maps:

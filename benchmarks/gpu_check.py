@@ -460,7 +460,7 @@ def section_profile_modes(bench: Workbench) -> dict:
         figures[mode] = {"trials": result.trials_run, "passed_likelihood_gate": _passed(records),
                          "seconds_per_trial": _r(seconds / max(1, result.trials_run)),
                          "failures": result.failures}
-        profile = out / f"{headprobe.model_slug(loaded.identity.name)}.retrieval_reasoning.json"
+        profile = out / f"{headprobe.frontend.model_slug(loaded.identity.name)}.retrieval_reasoning.json"
         if profile.exists():
             maps[mode] = np.array(headprobe.Profile.load(profile).query_heads, dtype=float).ravel()
     figures["speedup"] = _r(figures["reference"]["seconds_per_trial"] / figures["fast"]["seconds_per_trial"], 3)
@@ -665,8 +665,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     try:
-        json_path = headprobe.check_overwrite(out / "gpu_check.json", args.force)
-        md_path = headprobe.check_overwrite(out / "gpu_check.md", args.force)
+        json_path = headprobe.frontend.check_overwrite(out / "gpu_check.json", args.force)
+        md_path = headprobe.frontend.check_overwrite(out / "gpu_check.md", args.force)
     except headprobe.HeadprobeError as exc:
         print(f"gpu_check: {exc}", file=sys.stderr)
         return 2
@@ -691,7 +691,7 @@ def main(argv: list[str] | None = None) -> int:
             result["seconds"] = round(time.perf_counter() - start, 2)
             report["sections"][name] = result
             report["total_seconds"] = round(time.perf_counter() - started, 2)
-            headprobe.atomic_write_json(json_path, report)
+            headprobe.frontend.atomic_write_json(json_path, report)
             _write_text(md_path, markdown(report))
             print(f"gpu_check: {name} {'ok' if result.get('ok') else 'FAILED'} in {result['seconds']:.1f} s",
                   flush=True)

@@ -1,8 +1,11 @@
 """headprobe: profile attention heads and layers, allocate KV-cache budgets, apply them in generate.
 
 The public API, grouped by stage: each name and the module that defines it (``"module:attribute"`` where
-the public name differs). Names are imported on first use (PEP 562), so ``import headprobe`` loads
-neither torch, transformers nor matplotlib; using a name that needs them loads them.
+the public name differs). It is what a user calls: load a model, profile, allocate, generate, evaluate, tune,
+explain, plot, import and export, and the file types. What a command line needs besides (flag-value
+parsers, the checks of a command's outputs before a model loads, atomic writes) is :mod:`headprobe.frontend`.
+Names are imported on first use (PEP 562), so ``import headprobe`` loads neither torch, transformers nor
+matplotlib; using a name that needs them loads them.
 """
 
 from __future__ import annotations
@@ -12,23 +15,18 @@ from .lazy_exports import lazy_exports
 __version__ = "0.1.0"
 
 _API: dict[str, dict[str, str]] = {
-    # errors that reach a user as one line, and how their messages spell parameters
+    # errors that reach a user as one line
     "errors": {
         "HeadprobeError": "errors",
         "FileFormatError": "errors",
         "ModelMismatchError": "errors",
         "NoPassingTrialsError": "errors",
-        "param": "errors",
-        "flag_spelling": "errors",
-        "MAX_TOKENS": "limits",
-        "check_count": "limits",
     },
     # models: aliases, loading, the identity every file records
     "models": {
         "DEFAULT_MODEL": "models.registry",
         "MODELS": "models.registry",
         "ModelSpec": "models.registry",
-        "model_slug": "models.registry",
         "DTYPES": "models.loading",
         "LoadedModel": "models.loading",
         "load_model": "models.loading",
@@ -36,14 +34,9 @@ _API: dict[str, dict[str, str]] = {
         "resolve_model": "models.loading",
         "ModelIdentity": "models.identity",
         "input_device": "models.placement",
-        "parse_max_memory": "models.placement",
     },
-    # files: JSON written atomically, trial logs, overwrite checks, any headprobe file by its format
+    # files: trial logs, any headprobe file by its format
     "files": {
-        "atomic_write_json": "files.jsonio",
-        "check_writable_dir": "files.jsonio",
-        "read_json": "files.jsonio",
-        "check_overwrite": "files.overwrite",
         "read_log": "files.trial_log",
         "user_profiles_dir": "paths",
         "load_file": "file_summary",
@@ -54,12 +47,9 @@ _API: dict[str, dict[str, str]] = {
         "load_haystack": "haystack.corpus",
         "Needle": "haystack.needles",
         "load_needles": "haystack.needles",
-        "check_needle_files": "haystack.needles",
         "shipped_needle_file": "haystack.needles",
         "load_tasks": "haystack.tasks",
         "PROMPT_FORMATS": "haystack.prompt_format",
-        "resolve_prompt_format": "haystack.prompt_format",
-        "wants_chat_template": "haystack.prompt_format",
     },
     # profiling: needle probes and layer retention, written as profiles
     "profiling": {
@@ -67,20 +57,14 @@ _API: dict[str, dict[str, str]] = {
         "ProfileRequest": "probes.request",
         "ProfileResult": "probes.run",
         "ProfileOutputs": "probes.outputs",
-        "check_profile_run": "probes.plan",
         "merge_profile_logs": "probes.run",
-        "needle_kinds": "probes.inputs",
         "MODES": "probes.modes",
         "StopRule": "probes.early_stop",
-        "DEFAULT_RECOMPUTE_SHARE": "probes.modes",
-        "parse_recompute_share": "probes.modes",
         "GATES": "probes.gates",
-        "choose_gate": "probes.gates",
         "run_profile": "probes.run",
+        "check_profile_run": "probes.plan",
         "RetentionConfig": "probes.retention",
-        "probe_grid": "probes:trial_grid",
         "PROFILE_KINDS": "probes.registry",
-        "context_probes": "probes.context_pass",
         "read_contexts": "haystack.contexts",
         "ContextFields": "haystack.contexts",
         "LayerRetention": "profile",
@@ -91,7 +75,6 @@ _API: dict[str, dict[str, str]] = {
     # allocation: profiles → per-head budget maps
     "allocation": {
         "ALLOCATORS": "allocation.registry",
-        "check_allocator_options": "allocation.registry",
         "Allocator": "allocation.allocator",
         "CapacityOptions": "allocation.options",
         "allocate": "allocation.api",
@@ -101,18 +84,17 @@ _API: dict[str, dict[str, str]] = {
         "profiles_for_method": "allocation.api",
         "summarize": "allocation.api",
         "clamp_and_redistribute": "allocation.clamp",
-        "parse_task_mix": "allocation.dynamickv_offline",
         "BudgetMap": "budget_map",
     },
-    # interop: other tools' head files and budget lists
-    "interop": {
-        "IMPORT_FORMATS": "interop.auto",
-        "import_file": "interop.auto",
-        "write_duoattention": "interop.duoattention",
-        "write_headkv_json": "interop.headkv_json",
-        "identity_for_model": "interop.known",
-        "write_layer_list": "interop.layer_list",
-        "write_kvpress_ratios": "interop.layer_list",
+    # tool_files: files other tools read and write (head scores, attention patterns, budget lists)
+    "tool_files": {
+        "IMPORT_FORMATS": "tool_files.auto",
+        "import_file": "tool_files.auto",
+        "write_duoattention": "tool_files.duoattention",
+        "write_headkv_json": "tool_files.headkv_json",
+        "identity_for_model": "tool_files.known",
+        "write_layer_list": "tool_files.layer_list",
+        "write_kvpress_ratios": "tool_files.layer_list",
     },
     # runtime: the compressed KV cache inside generate
     "runtime": {
@@ -124,7 +106,6 @@ _API: dict[str, dict[str, str]] = {
         "GenerationResult": "runtime.generate",
         "generate_compressed": "runtime.generate",
         "make_policy": "runtime.generate",
-        "parse_policy_options": "runtime.generate",
         "set_kernel_backend": "runtime.kernels.dispatch:set_backend",
         "POLICIES": "runtime.policies",
         "Policy": "runtime.policies.base",
@@ -142,8 +123,6 @@ _API: dict[str, dict[str, str]] = {
     # evaluation: needle / bAbI-style grids, outside QA datasets, head ablation
     "evaluation": {
         "HeadAblation": "eval.ablation",
-        "ablation_log_path": "eval.ablation",
-        "check_ablation_outputs": "eval.ablation",
         "format_ablation": "eval.ablation",
         "random_heads": "eval.ablation",
         "run_ablation": "eval.ablation",
@@ -158,16 +137,11 @@ _API: dict[str, dict[str, str]] = {
         "EvalResult": "eval.result",
         "format_eval_summary": "eval.result:format_summary",
         "EvalRequest": "eval.runner",
-        "cell_log_path": "eval.cell_log",
-        "check_eval_outputs": "eval.cell_log",
         "run_eval": "eval.runner",
         "EVAL_PRESETS": "eval.settings:PRESETS",
         "EvalSetting": "eval.settings",
         "expand_settings": "eval.settings",
         "parse_setting": "eval.settings",
-        "split_capacities": "eval.settings",
-        "MAP_ALLOCATION": "eval.settings",
-        "resolve_budget": "eval.runner",
     },
     # data parallel over torchrun's ranks: a slice of the work each, merged at rank 0
     "distributed": {
@@ -179,25 +153,18 @@ _API: dict[str, dict[str, str]] = {
         "run_eval_on_ranks": "distributed.eval_ranks",
         "run_dataset_eval_on_ranks": "distributed.eval_ranks",
         "run_ablation_on_ranks": "distributed.ablation_ranks",
-        "share_from_main": "distributed.tune_ranks",
     },
     # tune: the setting that keeps the most accuracy at a memory, searched on calibration items, reported held out
     "tune": {
         "TuneRequest": "tune.runner",
         "TuneTask": "tune.runner",
         "run_tune": "tune.runner",
-        "tune_profiles": "tune.runner:found_profiles",
         "SearchSpace": "tune.space",
-        "parse_tune_values": "tune.space:parse_values",
         "count_candidates": "tune.space",
-        "HalvingRule": "tune.halving",
         "split_items": "tune.split",
+        "HalvingRule": "tune.halving",
         "MemoryTarget": "tune.memory",
         "capacity_for": "tune.memory",
-        "cache_dtype": "tune.memory",
-        "parse_bytes": "tune.memory",
-        "parse_share": "tune.memory",
-        "check_tune_outputs": "tune.report",
         "write_tune_outputs": "tune.report:write_outputs",
         "format_tune_report": "tune.report:format_report",
         "load_tune_report": "tune.report:load_report",
@@ -205,7 +172,7 @@ _API: dict[str, dict[str, str]] = {
     },
     # explain: any budget in tokens and bytes, and what every engine allocates for it
     "explain": {"explain_budget": "explain.api", "save_explain_figure": "explain.figure",
-                "format_explanation": "explain.report", "model_shape": "explain.model_shape"},
+                "format_explanation": "explain.report"},
     # plots of every stage (PNG or SVG)
     "plots": {
         "ablation_bars": "plots.eval_figures",

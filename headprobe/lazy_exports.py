@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 
-def lazy_exports(package: str, exports: Mapping[str, str],
-                 eager: tuple[str, ...] = ()) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
+def lazy_exports(package: str, exports: Mapping[str, str], eager: tuple[str, ...] = (), *,
+                 modules_of: str | None = None) -> tuple[Callable[[str], Any], Callable[[], list[str]], list[str]]:
     """``__getattr__``, ``__dir__`` and ``__all__`` of ``package`` from its table of public names.
 
     Parameters
@@ -28,6 +28,9 @@ def lazy_exports(package: str, exports: Mapping[str, str],
         Public name → ``"module"`` or ``"module:attribute"``, modules relative to ``package``.
     eager
         Public names the package defines itself (``__version__``).
+    modules_of
+        The package the table's modules are relative to, when it is not ``package`` itself (a module
+        such as ``headprobe.frontend`` that exports names of its parent's modules).
 
     Returns
     -------
@@ -37,15 +40,17 @@ def lazy_exports(package: str, exports: Mapping[str, str],
         after ``import package.submodule``.
     """
     public = sorted({*exports, *eager})
+    base = modules_of or package
 
     def __getattr__(name: str) -> Any:
         target = exports.get(name)
         if target is None:
-            if not name.startswith("__") and importlib.util.find_spec(f"{package}.{name}") is not None:
+            if modules_of is None and not name.startswith("__") \
+                    and importlib.util.find_spec(f"{package}.{name}") is not None:
                 return importlib.import_module(f"{package}.{name}")
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         module_name, _, attribute = target.partition(":")
-        module = importlib.import_module(f"{package}.{module_name}")
+        module = importlib.import_module(f"{base}.{module_name}")
         attribute = attribute or name
         try:
             value = getattr(module, attribute)

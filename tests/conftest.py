@@ -165,5 +165,5 @@ def write_random_profile(lm: LoadedModel, kind: str, path, seed: int = 0) -> lis
                      "kv_heads": [[float(np.mean(r[i * g:(i + 1) * g])) for i in range(len(r) // g)] for r in scores]}
     obj.pop("fingerprint", None)
     path.parent.mkdir(parents=True, exist_ok=True)
-    headprobe.atomic_write_json(path, obj)
+    headprobe.frontend.atomic_write_json(path, obj)
     return scores

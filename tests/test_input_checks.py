@@ -163,11 +163,11 @@ def test_needle_file_names_itself_when_missing(tmp_path):
 
 
 def test_counts_are_spelled_as_flags_on_the_command_line():
-    with headprobe.flag_spelling({}):
-        _one_line(lambda: headprobe.check_count("max_new_tokens", -1), "--max-new-tokens -1")
-    assert headprobe.check_count("max_new_tokens", 5) == 5
-    _one_line(lambda: headprobe.check_count("max_new_tokens", True), "max_new_tokens=True")
-    _one_line(lambda: headprobe.check_count("max_new_tokens", 2.0), "max_new_tokens=2.0")
+    with headprobe.frontend.flag_spelling({}):
+        _one_line(lambda: headprobe.frontend.check_count("max_new_tokens", -1), "--max-new-tokens -1")
+    assert headprobe.frontend.check_count("max_new_tokens", 5) == 5
+    _one_line(lambda: headprobe.frontend.check_count("max_new_tokens", True), "max_new_tokens=True")
+    _one_line(lambda: headprobe.frontend.check_count("max_new_tokens", 2.0), "max_new_tokens=2.0")
 
 
 def test_missing_files_keep_their_message(tmp_path):

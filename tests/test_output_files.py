@@ -209,7 +209,7 @@ def _mode(path: Path) -> int:
 def test_every_output_respects_the_umask(umask, tmp_path, tiny_llama):
     os.environ.setdefault("MPLBACKEND", "Agg")
     file_mode, dir_mode = 0o666 & ~umask, 0o777 & ~umask
-    written = [headprobe.atomic_write_json(tmp_path / "a.json", {"x": 1})]
+    written = [headprobe.frontend.atomic_write_json(tmp_path / "a.json", {"x": 1})]
     profile = Profile.load(headprobe.paths.shipped_profiles_dir() / "smollm2-135m.retrieval.json")
     written.append(profile.save(tmp_path / "p.json"))
     written.append(headprobe.write_headkv_json(profile, tmp_path / "scores.json"))

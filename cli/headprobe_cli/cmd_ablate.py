@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import headprobe
-from headprobe import HeadprobeError
+from headprobe import HeadprobeError, frontend
 
 from .common_args import (
     add_loading_arguments,
@@ -59,16 +59,16 @@ def run(args: argparse.Namespace) -> int:
 
 def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     out = Path(args.out)
-    log = headprobe.ablation_log_path(out)
+    log = frontend.ablation_log_path(out)
     mine = ranks.part_path(log)                              # each rank keeps its own under torchrun
     if mine != log and mine.exists() and not (args.force or args.resume):
         raise HeadprobeError(f"{mine} exists; pass --resume to continue or --force to start over")
-    headprobe.check_writable_dir(out.parent if str(out.parent) else Path("."))
-    headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    frontend.check_writable_dir(out.parent if str(out.parent) else Path("."))
+    frontend.check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)
     plot = output_figure(args.plot, out)
     if ranks.is_main:   # the merged outputs are rank 0's to write; every rank checks its own log below
-        headprobe.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
+        frontend.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
     # what is there now this run may replace (the check allowed it); what another run writes meanwhile is refused
     replaceable = {f for f in (out, plot) if f is not None and (args.force or f.exists())}
     if any(k < 1 for k in args.k):
@@ -76,7 +76,7 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
     items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
     haystack = headprobe.load_haystack(args.haystack)
-    depths = headprobe.probe_grid.parse_depths(args.depths)
+    depths = frontend.probe_grid.parse_depths(args.depths)
     profile = headprobe.Profile.load(args.profile) if args.profile else None
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
@@ -94,7 +94,7 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     result["needles"] = path
     if plot is not None:      # listed, so that a resumed run may rewrite it
         result["figures"] = [Path(os.path.relpath(plot.resolve(), out.parent.resolve())).as_posix()]
-    headprobe.atomic_write_json(out, result, overwrite=out in replaceable)
+    frontend.atomic_write_json(out, result, overwrite=out in replaceable)
     print(headprobe.format_ablation(result))
     print(f"wrote {out}")
     if plot is not None:      # replacing it was settled by check_ablation_outputs

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import headprobe as hp
+from headprobe import frontend
 
 from .common_args import add_force_argument, add_model_argument
 
@@ -77,7 +78,7 @@ def default_output(bm: hp.BudgetMap) -> Path:
     """``budgets/<model>.<method>[-compat].cap<C>[.<option><value>...].json``, naming the options whose
     declaration gives a file-name prefix (HeadKV's β, PyramidKV's taper)."""
     m = bm.method
-    parts = [hp.model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
+    parts = [frontend.model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
              f"cap{m['capacity']}"]
     allocator = hp.ALLOCATORS.get(m["allocator"])
     for info in allocator.options.infos() if allocator is not None else ():
@@ -91,7 +92,7 @@ def run(args) -> int:
     needs = allocator.needs if allocator is not None else ()
     given = {name: getattr(args, name) for name in option_infos() if hasattr(args, name)}
     if allocator is not None:       # an option the method does not read: refused before any file is read
-        hp.check_allocator_options(allocator, given)
+        frontend.check_allocator_options(allocator, given)
     profiles = [hp.load_profile(p) for p in args.profile]
     paths = list(args.profile)
     model = None
@@ -112,7 +113,7 @@ def run(args) -> int:
     capacity = {name: getattr(args, name) for name in hp.CapacityOptions.names()}
     bm = hp.allocate(args.method, profiles, model, source_paths=paths, **capacity, **given)
     out = args.output if args.output is not None else default_output(bm)
-    hp.check_overwrite(out, args.force)
+    frontend.check_overwrite(out, args.force)
     bm.save(out, force=args.force)
     print(hp.summarize(bm))
     print(f"wrote {out}")

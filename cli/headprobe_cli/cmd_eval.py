@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 import headprobe
-from headprobe import HeadprobeError
+from headprobe import HeadprobeError, frontend
 
 from .common_args import (
     TASK_FLAGS,
@@ -83,9 +83,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
-    settings = headprobe.expand_settings(args.settings, args.capacities, headprobe.parse_policy_options(args.option),
+    settings = headprobe.expand_settings(args.settings, args.capacities, frontend.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
-    headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    frontend.check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)
     for s in settings:   # bad policy options fail before the model loads
         s.check_policy()
@@ -94,15 +94,15 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     memory_plot = figure_path(args.memory_plot) if args.memory_plot else None
     figures = [f for f in (plot, memory_plot) if f is not None]
     if ranks.is_main:   # before the model loads; the merged outputs are rank 0's, each rank checks its own log below
-        headprobe.check_eval_outputs(out, figures, resume=args.resume, force=args.force)
+        frontend.check_eval_outputs(out, figures, resume=args.resume, force=args.force)
     # the figures there now are the ones this run may replace (check_eval_outputs allowed them); one that
     # another run writes meanwhile is refused when this run writes its own
     replaceable = {f for f in figures if args.force or f.exists()}
-    part_log = headprobe.cell_log_path(ranks.part_path(out))     # each rank keeps its own under torchrun
+    part_log = frontend.cell_log_path(ranks.part_path(out))     # each rank keeps its own under torchrun
     if ranks.distributed and part_log.exists() and not (args.resume or args.force):
         raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
                              "start over")
-    depths = headprobe.probe_grid.parse_depths(args.depths)
+    depths = frontend.probe_grid.parse_depths(args.depths)
     items, examples = None, None
     if args.task == "dataset":
         if not args.dataset:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import headprobe as hp
+from headprobe import frontend
 
 from .common_args import add_force_argument, figure_path
 
@@ -98,7 +99,7 @@ def _outputs(args) -> dict[str, Path]:
     if len(set(paths)) != len(paths):
         raise hp.HeadprobeError("--json, --plot and -o name the same file; give each its own")
     for path in out.values():
-        hp.check_overwrite(path, args.force)
+        frontend.check_overwrite(path, args.force)
     return out
 
 
@@ -107,11 +108,11 @@ def run(args) -> int:
     ex = hp.explain_budget(
         args.inputs, context=args.context, model=args.model, batch=args.batch, dtype=args.dtype,
         max_new_tokens=args.max_new_tokens, policy=args.policy,
-        policy_options=hp.parse_policy_options(args.option) if args.option else None, method=args.method,
+        policy_options=frontend.parse_policy_options(args.option) if args.option else None, method=args.method,
         capacity=args.capacity, beta=args.beta, window=args.window, sink=args.sink, temperature=args.temperature,
         reduction=args.reduction, task=args.task, sparsity=args.sparsity, sink_size=args.sink_size,
         recent_size=args.recent_size, gqa=args.gqa, press=args.press, ratio=args.ratio,
-        press_options=hp.parse_policy_options(args.press_option, "--press-option") if args.press_option else None)
+        press_options=frontend.parse_policy_options(args.press_option, "--press-option") if args.press_option else None)
     if "budget" in outputs and ex.source["kind"] == "budget_map":
         raise hp.HeadprobeError(f"--to budget: {args.inputs[0]} is a budget map already")
     print(hp.format_explanation(ex))

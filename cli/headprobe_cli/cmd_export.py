@@ -7,6 +7,7 @@ import warnings
 from pathlib import Path
 
 import headprobe as hp
+from headprobe import frontend
 
 from .common_args import add_force_argument
 
@@ -67,7 +68,7 @@ def run(args) -> int:
         print(f"headprobe: warning: {w.message}", file=sys.stderr)
     print(f"wrote {Path(out)}")
     if args.to == "duoattention" and not args.exact:
-        cfg = hp.read_json(Path(out) / "config.json")
+        cfg = frontend.read_json(Path(out) / "config.json")
         info = cfg.get("headprobe", {})
         print(f"{info.get('full_heads')} full and {info.get('streaming_heads')} streaming KV heads; sparsity "
               f"{cfg['sparsity']!r} (DuoAttention --sparsity, kvpress head_compression_ratio), sink_size "

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 import headprobe
-from headprobe import HeadprobeError
+from headprobe import HeadprobeError, frontend
 
 from .common_args import (
     LazyChoices,
@@ -113,9 +113,9 @@ def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
     if given:
         raise HeadprobeError(f"--setting {args.setting}: it names the policy, its options and the budget; drop "
                              f"{', '.join(given)}")
-    spec, pinned = headprobe.split_capacities(args.setting)
+    spec, pinned = frontend.split_capacities(args.setting)
     parsed = headprobe.parse_setting(spec)
-    if parsed.policy != "full" and parsed.allocation != headprobe.MAP_ALLOCATION and pinned is None:
+    if parsed.policy != "full" and parsed.allocation != frontend.MAP_ALLOCATION and pinned is None:
         raise HeadprobeError(f"--setting {args.setting}: give its capacity after @ (e.g. {spec}@64)")
     setting = headprobe.EvalSetting.parse(args.setting)
     if setting.question_window:
@@ -126,16 +126,16 @@ def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
 
 
 def run(args: argparse.Namespace) -> int:
-    headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    frontend.check_count("max_new_tokens", args.max_new_tokens)
     chat_template_wanted(args)                   # a contradiction fails before the model loads
     if args.capacity is not None:
-        headprobe.check_count("capacity", args.capacity)
+        frontend.check_count("capacity", args.capacity)
     if args.ratio is not None and not 0 < args.ratio <= 1:      # before the model loads
         raise HeadprobeError(f"--ratio {args.ratio}: expected a number in (0, 1]")
     setting = _setting(args) if args.setting is not None else None
     prompt = _prompt(args)
     if setting is None:
-        options = headprobe.parse_policy_options(args.option)
+        options = frontend.parse_policy_options(args.option)
         policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
         budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
     headprobe.set_kernel_backend(args.kernels)
@@ -144,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
     check_prompt_fits(lm, prompt, form == "chat", args)
     if setting is not None:
         policy = headprobe.make_policy(setting.policy, **setting.options)
-        budget = headprobe.resolve_budget(lm, setting)
+        budget = frontend.resolve_budget(lm, setting)
         args.policy = setting.policy
     res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
                                         capacity=args.capacity, max_new_tokens=args.max_new_tokens,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import headprobe
+from headprobe import frontend
 
 from .common_args import add_force_argument, add_model_argument
 
@@ -30,9 +31,9 @@ def run(args) -> int:
     prof = headprobe.import_file(args.input, args.fmt, args.model, args.kind)
     out = args.output
     if out is None:
-        slug = headprobe.model_slug(prof.model.name)
+        slug = frontend.model_slug(prof.model.name)
         out = headprobe.user_profiles_dir() / f"{slug}.{prof.kind}.{prof.probe.get('source', 'imported')}.json"
-    headprobe.check_overwrite(out, args.force)
+    frontend.check_overwrite(out, args.force)
     prof.save(out, force=args.force)
     top = ", ".join(f"{l}-{h}" for l, h, _ in prof.top_heads(5))
     print(f"{prof.model.name}: {prof.kind} from {prof.probe.get('source')}, {prof.model.num_layers} layers x "

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 import headprobe
+from headprobe import frontend
 
 from .common_args import (
     LazyChoices,
@@ -96,7 +97,7 @@ def register(sub, formatter) -> None:
                         "reuse: approximate, one haystack forward per length, a share of it recomputed per trial; "
                         "auto: reuse mode at a 0%% share on a CPU (measured close to exact, docs/benchmarks.md), "
                         "fast mode on a GPU or where a probe or the model does not run in reuse mode")
-    p.add_argument("--recompute-share", type=float, default=unset(100 * headprobe.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
+    p.add_argument("--recompute-share", type=float, default=unset(100 * frontend.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
                    help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
     p.add_argument("--until-stable", action="store_true",
                    help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
@@ -107,7 +108,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--plot-stability", action="store_true",
                    help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
                         "top-k stability as trials were added")
-    p.add_argument("--grid", choices=list(headprobe.probe_grid.GRIDS), default=unset("auto"),
+    p.add_argument("--grid", choices=list(frontend.probe_grid.GRIDS), default=unset("auto"),
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
     p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
@@ -179,7 +180,7 @@ def _check_flags(args) -> None:
             raise headprobe.HeadprobeError(f"{_flag(dest)}: applies with {flag} only")
     if args.plot_stability:
         probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
-        if not headprobe.needle_kinds(probes):
+        if not frontend.needle_kinds(probes):
             raise headprobe.HeadprobeError(f"--plot-stability: draws the bootstrap intervals of head-score profiles; "
                                            f"none is requested (--probe {' '.join(args.probe)})")
         if args.shard:
@@ -194,7 +195,7 @@ def _flag(dest: str) -> str:
 def _request(args, out_dir: Path):
     """The request the arguments make (its lengths and depths left to the grid unless given); its
     parameters that would not take effect are refused (``ProfileRequest.check_options`` with the flags typed)."""
-    grids = headprobe.probe_grid
+    grids = frontend.probe_grid
     until_stable = (headprobe.StopRule(k=int(args.stable_k), jaccard=float(args.stable_jaccard))
                     if args.until_stable else None)
     probes = _probes(args)
@@ -207,7 +208,7 @@ def _request(args, out_dir: Path):
         tasks=args.tasks, samples_per_task=args.samples_per_task,
         retention=headprobe.RetentionConfig(max_tokens=int(args.retention_max_tokens)), resume=args.resume,
         force=args.force, shard=grids.parse_shard(args.shard), name=args.name,
-        recompute_share=headprobe.parse_recompute_share(float(args.recompute_share)), until_stable=until_stable,
+        recompute_share=frontend.parse_recompute_share(float(args.recompute_share)), until_stable=until_stable,
         options=_context_options(args, probes, _pass_options(args.pass_option)))
     request.check_options({PARAMETERS.get(d, d) for d in args.profile_defaults if given(args, d)})
     return request
@@ -217,14 +218,14 @@ def _probes(args) -> list[str]:
     """The probes asked for: ``all`` is every probe that reads the user's examples with ``--contexts``, every
     other probe without it."""
     if "all" in args.probe:
-        readers = headprobe.context_probes()
+        readers = frontend.context_probes()
         return [k for k in headprobe.PROBES if (k in readers) == bool(args.contexts)]
     return list(args.probe)
 
 
 def _context_options(args, probes: list[str], options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """``--contexts`` and ``--fields`` as the options of every requested pass that reads the user's examples."""
-    kinds = headprobe.context_probes()
+    kinds = frontend.context_probes()
     readers = list(dict.fromkeys(kinds[k] for k in probes if k in kinds))
     if args.contexts is None:
         if args.fields is not None:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 import headprobe
-from headprobe import HeadprobeError
+from headprobe import HeadprobeError, frontend
 
 from .common_args import (
     TASK_FLAGS,
@@ -92,16 +92,16 @@ def _task(args: argparse.Namespace) -> headprobe.TuneTask:
     if args.task == "dataset":
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
-        headprobe.check_count("max_length", args.max_length)
+        frontend.check_count("max_length", args.max_length)
         f = dataset_fields(args.fields)
         examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
                                              args.limit)
         return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
-    depths = headprobe.probe_grid.parse_depths(args.depths)
+    depths = frontend.probe_grid.parse_depths(args.depths)
     if not args.lengths:
         raise HeadprobeError("--lengths: give at least one")
     for length in args.lengths:
-        headprobe.check_count("lengths", length)
+        frontend.check_count("lengths", length)
     haystack = headprobe.load_haystack(args.haystack)
     if args.task == "babi":
         return headprobe.TuneTask.babi(args.babi_count, args.babi_tasks, args.seed, args.lengths, depths, haystack)
@@ -115,17 +115,17 @@ def _capacities(args: argparse.Namespace, identity) -> tuple[list[int], dict | N
             raise HeadprobeError("--context goes with --cache-share or --cache-bytes")
         caps = args.capacities or [64]
         for c in caps:
-            headprobe.check_count("capacities", c)
+            frontend.check_count("capacities", c)
         if len(set(caps)) != len(caps):
             raise HeadprobeError(f"--capacities {' '.join(map(str, caps))}: a capacity given twice")
         return list(caps), None
     if args.context is None:
         raise HeadprobeError(f"{'--cache-share' if args.cache_share else '--cache-bytes'} needs --context N (the "
                              "prompt tokens the target is for)")
-    headprobe.check_count("context", args.context)
-    share = headprobe.parse_share(args.cache_share) if args.cache_share is not None else None
-    size = headprobe.parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
-    target = headprobe.MemoryTarget(args.context, share, size, headprobe.cache_dtype(args.dtype, args.device),
+    frontend.check_count("context", args.context)
+    share = frontend.parse_share(args.cache_share) if args.cache_share is not None else None
+    size = frontend.parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
+    target = headprobe.MemoryTarget(args.context, share, size, frontend.cache_dtype(args.dtype, args.device),
                                     args.max_new_tokens)
     cap, record = headprobe.capacity_for(target, identity)
     return [cap], record
@@ -137,19 +137,19 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
-    headprobe.check_count("max_new_tokens", args.max_new_tokens)
+    frontend.check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)          # a contradiction fails before the model loads
     rule = headprobe.HalvingRule(args.eta, args.level, args.resamples, args.seed)
     space = headprobe.SearchSpace(tuple(args.policies or ()), tuple(args.allocations or ()),
-                                  headprobe.parse_tune_values(args.values), tuple(args.head_kinds or ()),
+                                  frontend.parse_tune_values(args.values), tuple(args.head_kinds or ()),
                                   args.keep_selections, not args.no_preset_candidates)
     space.check()
     presets = list(args.presets) if args.presets is not None else list(headprobe.EVAL_PRESETS)
     for s in headprobe.expand_settings(presets, [64]):
         s.check_policy()
-    identity = headprobe.model_shape(args.model)        # the model's shape, without its weights
+    identity = frontend.model_shape(args.model)        # the model's shape, without its weights
     capacities, memory = _capacities(args, identity)
-    found = headprobe.tune_profiles(identity)
+    found = frontend.tune_profiles(identity)
     n_sel, n_alloc = headprobe.count_candidates(space, found)
     if max(n_sel, n_alloc) > args.max_candidates:
         raise HeadprobeError(f"--max-candidates {args.max_candidates}: the space has {n_sel} selections and up to "
@@ -158,7 +158,7 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     out = Path(args.out)
     plot = output_figure(args.plot, out)
     if ranks.is_main:
-        headprobe.check_tune_outputs(out, capacities, plot, args.resume, args.force)
+        frontend.check_tune_outputs(out, capacities, plot, args.resume, args.force)
     task = _task(args)
     split = headprobe.split_items(task.ids, args.holdout_ids, args.holdout_share, args.seed)
     request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import headprobe as hp
+from headprobe import frontend
 
 MODEL_HELP = "alias, Hugging Face id or local directory"
 
@@ -45,7 +46,7 @@ def load_model(args: argparse.Namespace, ranks: hp.Ranks | None = None) -> hp.Lo
     Under ``torchrun`` (``ranks``) each rank loads its own copy on its own device (GPU ``LOCAL_RANK``), the
     first rank of each machine before the others (it converts and caches the files once).
     """
-    max_memory = hp.parse_max_memory(args.max_memory) if args.max_memory else None
+    max_memory = frontend.parse_max_memory(args.max_memory) if args.max_memory else None
     device = ranks.device(args.device) if ranks is not None else args.device
     with ranks.local_main_first() if ranks is not None else contextlib.nullcontext():
         return hp.load_model(args.model, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
@@ -77,13 +78,13 @@ def add_prompt_format_arguments(parser: argparse.ArgumentParser, plain_flag: str
 def chat_template_wanted(args: argparse.Namespace) -> bool:
     """The library's ``chat_template`` switch for :func:`add_prompt_format_arguments`' arguments; a
     contradiction (``--prompt-format chat`` with ``--no-chat-template``) is refused before the model loads."""
-    return hp.wants_chat_template(args.prompt_format, not args.no_chat_template)
+    return frontend.wants_chat_template(args.prompt_format, not args.no_chat_template)
 
 
 def resolve_prompt_format(args: argparse.Namespace, tokenizer: Any) -> str:
     """The form the run uses (``"chat"`` or ``"plain"``) once the model is loaded; ``--prompt-format chat``
     for a tokenizer without a chat template is refused here, before any work."""
-    return hp.resolve_prompt_format(tokenizer, args.prompt_format, not args.no_chat_template)
+    return frontend.resolve_prompt_format(tokenizer, args.prompt_format, not args.no_chat_template)
 
 
 def rank_progress(ranks: hp.Ranks, progress: Callable[..., Any] | None) -> Callable[..., Any] | None:

@@ -18,6 +18,7 @@ import sys
 from typing import NoReturn
 
 import headprobe
+from headprobe import frontend
 
 #: Subcommand modules, in the order ``--help`` lists them.
 COMMAND_MODULES = (
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(f"headprobe_cli.cmd_{args.command}")
     try:
-        with headprobe.flag_spelling(getattr(module, "FLAGS", {})):
+        with frontend.flag_spelling(getattr(module, "FLAGS", {})):
             result = args.func(args)
     except headprobe.HeadprobeError as exc:
         if args.debug:

@@ -37,8 +37,8 @@ def model_shape(model: str) -> ModelIdentity:
     HeadprobeError
         An unknown alias, a missing folder, or a hub model whose config is not in the local cache.
     """
-    from ..interop.known import identity_for_model
     from ..models.loading import resolve_model
+    from ..tool_files.known import identity_for_model
 
     resolved = resolve_model(model)
     if resolved.spec is not None and resolved.spec.gguf_package:

@@ -193,7 +193,7 @@ def _profiles(paths: list[Path], model: ModelIdentity | None) -> ExplainInput:
 
 def _duoattention(path: Path, model: ModelIdentity | None, sink_size: int | None,
                   recent_size: int | None) -> ExplainInput:
-    from ..interop.duoattention import TSV_NAME, read_duoattention
+    from ..tool_files.duoattention import TSV_NAME, read_duoattention
 
     folder = path if path.is_dir() else path.parent
     profile = read_duoattention(folder, model)
@@ -216,7 +216,7 @@ def _duoattention(path: Path, model: ModelIdentity | None, sink_size: int | None
 
 
 def _headkv(path: Path, model: ModelIdentity | None) -> ExplainInput:
-    from ..interop.headkv_json import read_headkv_json
+    from ..tool_files.headkv_json import read_headkv_json
 
     profile = read_headkv_json(path, model)
     return ExplainInput("headkv", profile.model, [path], file_fingerprint(path),

@@ -158,7 +158,7 @@ def test_a_figure_written_meanwhile_is_refused(tmp_path, monkeypatch, capsys):
 
 @pytest.mark.parametrize("to, name", [("headkv", "x_heads.json"), ("duoattention", "duo")])
 def test_an_export_written_meanwhile_is_refused(tmp_path, monkeypatch, capsys, to, name):
-    from headprobe.interop import duoattention, headkv_json
+    from headprobe.tool_files import duoattention, headkv_json
 
     target = tmp_path / name
     module = headkv_json if to == "headkv" else duoattention

@@ -23,7 +23,7 @@ def test_an_eval_cell_log_is_summarised_as_one(tiny_llama, tmp_path, capsys):
                  log_settings) as log:
         log.add([cell_record(settings[0], 300, 0.0, [TRIAL]), cell_record(settings[1], 300, 0.0, [{**TRIAL,
                                                                                                   "score": 0.0}])])
-    assert main(["inspect", str(headprobe.cell_log_path(out))]) == 0
+    assert main(["inspect", str(headprobe.frontend.cell_log_path(out))]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].endswith("e.cells.jsonl: headprobe eval cell log v1, task needle, 2 settings, 2 of 4 cells finished")
     assert lines[1].startswith(f"model      fingerprint {tiny_llama.identity.fingerprint}")

@@ -174,7 +174,7 @@ def test_eval_force_keeps_the_old_log_and_result_until_the_first_cells(tiny_dir,
     from headprobe.eval import runner
 
     out = tmp_path / "e.json"
-    log = headprobe.cell_log_path(out)
+    log = headprobe.frontend.cell_log_path(out)
     argv = _eval_argv(tiny_dir, out, "--plot", "none")
     assert main(argv) == 0
     old = {p: p.read_bytes() for p in (out, log)}

@@ -1,5 +1,6 @@
 """The command line starts without torch, transformers or matplotlib; it reaches the library only through
-the public API of ``headprobe``, every name of which resolves to the module that defines it."""
+the public API of ``headprobe`` and the front-end helpers of ``headprobe.frontend``, every name of which
+resolves to the module that defines it."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import pytest
 from headprobe_cli.main import COMMAND_MODULES, build_parser, main
 
 import headprobe
+import headprobe.frontend
 
 ROOT = Path(__file__).resolve().parents[2]
 HEAVY = ("torch", "transformers", "matplotlib", "seaborn", "pandas", "scipy")
@@ -49,25 +51,37 @@ def test_a_command_that_needs_torch_still_gets_it():
     assert _imported_after("import headprobe\nheadprobe.POLICIES")["torch"]
 
 
-def _public_targets() -> dict[str, str]:
-    return {name: target for stage in headprobe._API.values() for name, target in stage.items()}
+def _targets(table: dict[str, dict[str, str]]) -> dict[str, str]:
+    return {name: target for group in table.values() for name, target in group.items()}
 
 
-def test_every_public_name_resolves_to_the_module_that_defines_it():
-    names = [n for stage in headprobe._API.values() for n in stage]
-    assert len(names) == len(set(names)), "a name is listed in two stages"
-    assert headprobe.__all__ == sorted([*names, "__version__"])
-    assert dir(headprobe) == headprobe.__all__
-    for name, target in _public_targets().items():
+def _check_resolves(namespace, table: dict[str, dict[str, str]], eager: tuple[str, ...] = ()) -> None:
+    names = [n for group in table.values() for n in group]
+    assert len(names) == len(set(names)), "a name is listed in two groups"
+    assert namespace.__all__ == sorted([*names, *eager])
+    assert dir(namespace) == namespace.__all__
+    for name, target in _targets(table).items():
         module_name, _, attribute = target.partition(":")
         module = importlib.import_module(f"headprobe.{module_name}")
-        value = getattr(headprobe, name)
+        value = getattr(namespace, name)
         expected = getattr(module, attribute or name, None)
         if expected is None:   # a submodule under a public name (probe_grid)
             expected = importlib.import_module(f"{module.__name__}.{attribute}")
         assert value is expected, name
         if inspect.isclass(value) or inspect.isfunction(value):
             assert value.__module__ == module.__name__, f"{name} is defined in {value.__module__}, not {target}"
+
+
+def test_every_public_name_resolves_to_the_module_that_defines_it():
+    _check_resolves(headprobe, headprobe._API, eager=("__version__",))
+
+
+def test_every_frontend_name_resolves_and_none_is_also_public():
+    _check_resolves(headprobe.frontend, headprobe.frontend._FRONTEND)
+    assert not set(headprobe.frontend.__all__) & set(headprobe.__all__)
+    assert "check_overwrite" not in dir(headprobe) and "flag_spelling" not in dir(headprobe)
+    with pytest.raises(AttributeError, match="no attribute 'run_profile'"):
+        headprobe.frontend.run_profile  # noqa: B018
 
 
 def test_public_names_do_not_shadow_submodules_and_unknown_names_fail():
@@ -78,18 +92,37 @@ def test_public_names_do_not_shadow_submodules_and_unknown_names_fail():
         headprobe.nosuch  # noqa: B018
 
 
-def test_the_command_line_uses_only_the_public_api():
+def _names_the_command_line_uses() -> dict[str, set[str]]:
+    """``{"headprobe": names, "frontend": names}`` the command line's modules read, checking how they import."""
+    used: dict[str, set[str]] = {"headprobe": set(), "frontend": set()}
     for path in sorted((ROOT / "cli" / "headprobe_cli").glob("*.py")):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
                 assert not node.module.startswith("headprobe."), f"{path.name}: from {node.module} import ..."
                 if node.module == "headprobe":
-                    assert all(a.name in headprobe.__all__ for a in node.names), path.name
+                    for alias in node.names:
+                        assert alias.name in (*headprobe.__all__, "frontend"), f"{path.name}: {alias.name}"
+                        used["headprobe"].add(alias.name)
             elif isinstance(node, ast.Import):
                 assert not any(a.name.startswith("headprobe.") for a in node.names), path.name
             elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and node.value.id in ("headprobe", "hp") and not node.attr.startswith("__"):
-                assert node.attr in headprobe.__all__, f"{path.name}: headprobe.{node.attr} is not public"
+                    and not node.attr.startswith("__"):
+                if node.value.id in ("headprobe", "hp"):
+                    assert node.attr in headprobe.__all__, f"{path.name}: headprobe.{node.attr} is not public"
+                    used["headprobe"].add(node.attr)
+                elif node.value.id == "frontend":
+                    assert node.attr in headprobe.frontend.__all__, f"{path.name}: frontend.{node.attr} is not listed"
+                    used["frontend"].add(node.attr)
+    return used
+
+
+def test_the_command_line_uses_only_the_public_api_and_the_frontend():
+    _names_the_command_line_uses()
+
+
+def test_every_frontend_name_is_one_the_command_line_needs():
+    # the front-end module is the command line's boundary, not a second home for internals
+    assert set(headprobe.frontend.__all__) == _names_the_command_line_uses()["frontend"]
 
 
 def test_profile_help_lists_the_probes_by_their_profile_kinds():

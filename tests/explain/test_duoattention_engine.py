@@ -24,9 +24,9 @@ from headprobe.explain.engines.duoattention import (
 )
 from headprobe.explain.setting import Setting
 from headprobe.explain.sources import read_input
-from headprobe.interop import write_duoattention
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
+from headprobe.tool_files import write_duoattention
 
 REF = next((p / "shared" / "reference" for p in Path(__file__).resolve().parents
             if (p / "shared" / "reference").is_dir()), None)

@@ -23,9 +23,9 @@ from headprobe.explain.engines.kvcache_factory import (
     kv_head_capacities,
 )
 from headprobe.explain.setting import Setting
-from headprobe.interop import read_headkv_json, write_headkv_json
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
+from headprobe.tool_files import read_headkv_json, write_headkv_json
 
 REF = next((p / "shared" / "reference" for p in Path(__file__).resolve().parents
             if (p / "shared" / "reference").is_dir()), None)

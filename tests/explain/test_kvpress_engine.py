@@ -29,9 +29,9 @@ from headprobe.explain.engines.kvpress_presses import (
 )
 from headprobe.explain.setting import Setting
 from headprobe.explain.sources import DuoPattern, PressSetting
-from headprobe.interop import write_duoattention
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
+from headprobe.tool_files import write_duoattention
 
 REF = next((p / "shared" / "reference" for p in Path(__file__).resolve().parents
             if (p / "shared" / "reference").is_dir()), None)

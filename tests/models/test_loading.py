@@ -20,7 +20,7 @@ def test_remote_code_refused_without_flag(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama", "auto_map": {"AutoModel": "x.Y"}}))
     with pytest.raises(HeadprobeError, match="pass trust_remote_code=True if you trust it"):
         headprobe.load_model(str(tmp_path), device="cpu")
-    with headprobe.flag_spelling({}), pytest.raises(HeadprobeError, match=r"^--model \S+: .* pass --trust-remote-code"):
+    with headprobe.frontend.flag_spelling({}), pytest.raises(HeadprobeError, match=r"^--model \S+: .* pass --trust-remote-code"):
         headprobe.load_model(str(tmp_path), device="cpu")
 
 
@@ -58,5 +58,5 @@ def test_model_errors_name_parameters_in_the_callers_spelling(tmp_path):
         headprobe.load_model("smollm2-135m", dtype="float64")
     with pytest.raises(HeadprobeError, match=r"^model='\./nosuch': no such directory"):
         headprobe.resolve_model("./nosuch")
-    with headprobe.flag_spelling({}), pytest.raises(HeadprobeError, match=r"^--dtype float64: expected"):
+    with headprobe.frontend.flag_spelling({}), pytest.raises(HeadprobeError, match=r"^--dtype float64: expected"):
         headprobe.load_model("smollm2-135m", dtype="float64")

@@ -118,7 +118,7 @@ def test_budget_heatmap_with_layer_totals(tmp_path):
 
 @pytest.mark.skipif(not REF.is_dir(), reason="../shared/reference not present")
 def test_plots_of_imported_reference_files(tmp_path):
-    from headprobe.interop import import_file
+    from headprobe.tool_files import import_file
     r = import_file(REF / "headkv" / "Meta-Llama-3-8B-Instruct_retrieval_heads.json")
     r2 = import_file(REF / "headkv" / "Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json")
     fig = head_heatmap(r2)

@@ -94,11 +94,11 @@ def test_a_malformed_intervals_block_is_named(tmp_path):
     obj = profile.to_json()
     obj["intervals"]["low"] = [[0.0, 0.1]]
     path = tmp_path / "bad.json"
-    headprobe.atomic_write_json(path, obj)
+    headprobe.frontend.atomic_write_json(path, obj)
     with pytest.raises(FileFormatError, match="intervals.low"):
         headprobe.Profile.load(path)
     obj = needle_profile("enhanced_retrieval", _identity(), {"pass": "retrieval"}, _records(5)).to_json()
     obj["intervals"]["level"] = 90
-    headprobe.atomic_write_json(path, obj)
+    headprobe.frontend.atomic_write_json(path, obj)
     with pytest.raises(FileFormatError, match="intervals.level"):
         headprobe.Profile.load(path)

@@ -35,7 +35,7 @@ def test_a_converted_map_without_a_capacity_is_labelled_by_its_mean(tmp_path):
     bm.method["capacity"] = None
     bm.budgets[0][0] += 90                                          # 30 x 3 heads: mean 64 + 1
     obj = bm.to_json()
-    headprobe.atomic_write_json(tmp_path / "m.json", obj)
+    headprobe.frontend.atomic_write_json(tmp_path / "m.json", obj)
     [setting] = expand_settings([f"snapkv:{tmp_path / 'm.json'}"], [])
     assert setting.capacity == 65
 

@@ -74,11 +74,11 @@ def masked(setting_text: str, attended: np.ndarray, model: ModelIdentity, settin
 
 def budget_map_press(bm: BudgetMap, model: ModelIdentity, setting: Setting,
                      capacity: int | None = None) -> EngineAllocation:
-    """headprobe's ``BudgetMapPress(map)`` (``headprobe.integrations.kvpress``): each head attends to the budget
+    """headprobe's ``BudgetMapPress(map)`` (``headprobe.library_bridges.kvpress``): each head attends to the budget
     headprobe's runtime resolves for the context, with the map's window; the cache keeps everything."""
     window = int(bm.method.get("window") or 0)
     text = "BudgetMapPress(map" + (f", capacity={capacity}" if capacity is not None else "") + ")"
-    cites = ["headprobe integrations/kvpress.py BudgetMapPress.budgets_for, BudgetMapPress.compress",
+    cites = ["headprobe library_bridges/kvpress.py BudgetMapPress.budgets_for, BudgetMapPress.compress",
              f"{KVPRESS} kvpress/attention_patch.py:47"]
     try:
         budgets = resolved_budgets(bm, model, setting.context, MapWindow(window), capacity)
@@ -90,11 +90,11 @@ def budget_map_press(bm: BudgetMap, model: ModelIdentity, setting: Setting,
 def per_layer_press_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting) -> EngineAllocation:
     """kvpress' ``PerLayerCompressionPress`` with the ratios of ``headprobe export --to kvpress-layers``: every
     head of layer ``l`` keeps ``int(N · (1 − r_l))`` tokens (one number a layer), and the cache shrinks."""
-    from ...interop.layer_list import kvpress_layer_ratios
+    from ...tool_files.layer_list import kvpress_layer_ratios
 
     text = f"per_layer_press(map, {setting.context}) (PerLayerCompressionPress)"
     cites = [f"{KVPRESS} kvpress/presses/per_layer_compression_press.py:56-61",
-             f"{KVPRESS} kvpress/presses/scorer_press.py:94", "headprobe interop/layer_list.py kvpress_layer_ratios"]
+             f"{KVPRESS} kvpress/presses/scorer_press.py:94", "headprobe tool_files/layer_list.py kvpress_layer_ratios"]
     try:
         ratios = kvpress_layer_ratios(bm, setting.context)["compression_ratios"]
     except HeadprobeError as exc:

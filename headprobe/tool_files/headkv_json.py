@@ -36,7 +36,7 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
         The JSON file.
     model
         Alias, HF id or identity of the model; default: from the file name (see
-        :data:`~headprobe.interop.known.FILE_NAMES`).
+        :data:`~headprobe.tool_files.known.FILE_NAMES`).
     kind
         Profile kind; default ``retrieval_reasoning`` when the file name says ``reasoning``, else
         ``retrieval``.
@@ -47,7 +47,7 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
     ------
     FileFormatError
         Keys not ``"<layer>-<head>"``, an index beyond the model (or, before the model is known, of
-        :data:`~headprobe.interop.known.MAX_IMPORT_INDEX` or more), missing heads, empty or non-numeric
+        :data:`~headprobe.tool_files.known.MAX_IMPORT_INDEX` or more), missing heads, empty or non-numeric
         score lists.
     """
     path = Path(path)

@@ -21,15 +21,15 @@ from transformers import DynamicCache, pipeline
 from headprobe.allocation import allocate, clamp_and_redistribute
 from headprobe.budget_map import BudgetMap
 from headprobe.errors import HeadprobeError, ModelMismatchError
-from headprobe.integrations.kvpress import (
+from headprobe.library_bridges.kvpress import (
     BudgetMapPress,
     DuoAttentionFolderPress,
     per_layer_press,
 )
-from headprobe.interop import kvpress_layer_ratios, write_duoattention
 from headprobe.models.cache_argument import with_cache
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
+from headprobe.tool_files import kvpress_layer_ratios, write_duoattention
 
 NEEDLE = "The secret passcode for the vault is 4817-TULIP."
 QUESTION = "What is the secret passcode for the vault?"

@@ -14,7 +14,7 @@ attends to while decoding. The presses here plug headprobe's results into that m
   ``[layers][kv_heads]`` even for models with one KV head, with the exported ``sparsity`` as default
   ``head_compression_ratio``.
 - :func:`per_layer_press`: kvpress' ``PerLayerCompressionPress`` with the removal ratios of
-  :func:`headprobe.interop.kvpress_layer_ratios`.
+  :func:`headprobe.tool_files.kvpress_layer_ratios`.
 
 Importing this module imports kvpress, which patches transformers' attention functions (kvpress does so
 on import). Attention must not be ``"eager"`` (kvpress' masking needs the patched sdpa / flash paths).
@@ -34,16 +34,16 @@ import torch
 try:
     from kvpress import BasePress, DuoAttentionPress, PerLayerCompressionPress, ScorerPress, SnapKVPress
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
-    raise ImportError('headprobe.integrations.kvpress needs kvpress: pip install "headprobe[kvpress]"') from exc
+    raise ImportError('headprobe.library_bridges.kvpress needs kvpress: pip install "headprobe[kvpress]"') from exc
 
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
-from ..interop.duoattention import CONFIG_NAME, DUO_CUT, TSV_NAME
-from ..interop.layer_list import kvpress_layer_ratios
 from ..models.identity import identity_from_config, text_config
 from ..profile import Profile
 from ..runtime.budget_sources import MapBudget
 from ..runtime.shape import CacheShape
+from ..tool_files.duoattention import CONFIG_NAME, DUO_CUT, TSV_NAME
+from ..tool_files.layer_list import kvpress_layer_ratios
 
 
 @dataclass(frozen=True)
@@ -256,7 +256,7 @@ def per_layer_press(budget_map: BudgetMap | str | os.PathLike, prompt_len: int |
                     press: ScorerPress | None = None) -> PerLayerCompressionPress:
     """kvpress' ``PerLayerCompressionPress`` keeping each layer's per-head budget of ``budget_map``.
 
-    The ratios (:func:`headprobe.interop.kvpress_layer_ratios`) are exact for a context of ``prompt_len``
+    The ratios (:func:`headprobe.tool_files.kvpress_layer_ratios`) are exact for a context of ``prompt_len``
     tokens (default: the map's ``prompt_len``): kvpress keeps ``per_head[l]`` tokens in every head of
     layer ``l``. kvpress runs this press with flash attention only.
     """

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from headprobe.allocation import allocate
-from headprobe.interop import (
+from headprobe.profile import Profile
+from headprobe.tool_files import (
     import_file,
     read_duoattention,
     read_headkv_json,
@@ -22,7 +23,6 @@ from headprobe.interop import (
     write_headkv_json,
     write_layer_list,
 )
-from headprobe.profile import Profile
 
 REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
 pytestmark = pytest.mark.skipif(not REF.is_dir(), reason=f"{REF} not present")

@@ -49,7 +49,7 @@ def test_budget_map_exports(tmp_path, capsys):
 
 @pytest.mark.parametrize("kept, n", [(0, 7), (7, 7), (28, 2114), (733, 2114), (1, 3), (128, 4096)])
 def test_removal_ratio_is_exact(kept, n):
-    from headprobe.interop.layer_list import removal_ratio
+    from headprobe.tool_files.layer_list import removal_ratio
 
     r = removal_ratio(kept, n)
     assert int(n * (1 - r)) == kept and 0 <= r <= 1

@@ -14,10 +14,10 @@ from headprobe_cli.main import main
 from headprobe import HeadprobeError
 from headprobe.allocation import allocate
 from headprobe.budget_map import BudgetMap
-from headprobe.interop import read_headkv_json, write_duoattention, write_kvpress_ratios, write_layer_list
-from headprobe.interop.duoattention import read_tsv
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile, reduce_groups
+from headprobe.tool_files import read_headkv_json, write_duoattention, write_kvpress_ratios, write_layer_list
+from headprobe.tool_files.duoattention import read_tsv
 
 pytestmark = pytest.mark.filterwarnings("ignore:the split runs through")
 

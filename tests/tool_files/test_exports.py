@@ -10,7 +10,8 @@ from conftest import SMOLLM2_IDENTITY
 
 from headprobe.allocation import allocate
 from headprobe.errors import FileFormatError, HeadprobeError
-from headprobe.interop import (
+from headprobe.profile import Profile, reduce_groups
+from headprobe.tool_files import (
     binarise,
     choose_split,
     ranked_pattern,
@@ -21,7 +22,6 @@ from headprobe.interop import (
     write_headkv_json,
     write_layer_list,
 )
-from headprobe.profile import Profile, reduce_groups
 
 SMOL = SMOLLM2_IDENTITY
 

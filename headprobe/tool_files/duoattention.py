@@ -328,12 +328,12 @@ def consumer_warnings(model: ModelIdentity) -> list[str]:
     if not any(t in model.architecture for t in DUO_MODEL_TYPES):
         out.append(f"DuoAttention's patch supports Llama and Mistral models only; {model.name} is "
                    f"{model.architecture!r}, so only other readers (kvpress through "
-                   "headprobe.integrations.kvpress) can use this pattern")
+                   "headprobe.library_bridges.kvpress) can use this pattern")
     if model.num_kv_heads == 1:
         out.append(f"{model.name} has one KV head: the TSV is one value a line, which np.loadtxt (DuoAttention's "
                    "load_attn_pattern, kvpress' DuoAttentionPress) reads as 1-D, so DuoAttention's patch fails and "
                    "DuoAttentionPress masks nothing; read it as [layers][1] (np.loadtxt(..., ndmin=2), "
-                   "headprobe.interop.read_tsv, headprobe.integrations.kvpress.DuoAttentionFolderPress)")
+                   "headprobe.tool_files.read_tsv, headprobe.library_bridges.kvpress.DuoAttentionFolderPress)")
     return out
 
 
