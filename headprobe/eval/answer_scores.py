@@ -14,6 +14,18 @@ def first_line(response: str) -> str:
     return text.split("\n", 1)[0] if text else ""
 
 
+def answer_text(response: str, prompt_format: str) -> str:
+    """The part of a response that answers, for a prompt of ``prompt_format`` (``"chat"`` or ``"plain"``).
+
+    Under the chat template the whole response is the model's turn. After the plain form's cue
+    (``Answer:``) a base model writes its answer on that line and then goes on writing the document it was
+    given (another ``Question:``, another heading), so the answer is the response's first line, as in
+    LongBench's scoring of its few-shot tasks (``pred.split("\\n")[0]``). Without this a token-F1 counts
+    every word of the continuation against the answer.
+    """
+    return first_line(response) if prompt_format == "plain" else response
+
+
 def exact_answer(response: str, gold: str, choices: tuple[str, ...] = ()) -> float:
     """1.0 when the gold answer is in the response's first line as whole words and no other choice is.
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from ..errors import HeadprobeError, param
 from ..haystack.prompt_format import ANSWER_CUE, plain_question, prompt_format_of
-from .answer_scores import score_answer
+from .answer_scores import answer_text, score_answer
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
 from .setting_run import run_setting
@@ -165,6 +165,9 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                      figures: Sequence[str | Path] = ()) -> EvalResult:
     """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
 
+    The plain prompt form scores the response's first line (:func:`~headprobe.eval.answer_scores.answer_text`;
+    the result's task records ``"scored": "first line"``), the chat form the whole response.
+
     Each answer is generated and measured like a grid trial (:func:`~headprobe.eval.setting_run.run_setting`),
     and the cells are logged the grid's way (:class:`~headprobe.eval.cell_log.CellLog`): a cell is logged
     as soon as its setting has answered every example, and a resumed run skips the settings already logged.
@@ -190,9 +193,11 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                                  "placed (the needle, babi or longgen task); give a window in tokens")
     budgets = resolve_budgets(lm, settings)
     prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
+    form = prompt_format_of(lm.tokenizer, chat_template)
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
             "max_length": max_length}
-    form = prompt_format_of(lm.tokenizer, chat_template)
+    if form == "plain":     # the answer is the line after the cue (answer_text); the record says so
+        task["scored"] = "first line"
     cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
                     {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens, "prompt_format": form},
                     resume=resume, force=force, figures=figures)
@@ -207,7 +212,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
             for ex, ids in zip(examples, prompts, strict=True):
                 run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens)
                 trials.append({"item": ex.id, "prompt_len": len(ids), "response": run.text,
-                               "gold": list(ex.answers), "score": score_answer(run.text, list(ex.answers), "f1"),
+                               "gold": list(ex.answers), "score": score_answer(answer_text(run.text, form), list(ex.answers), "f1"),
                                **run.measurements()})
                 if progress:
                     progress(1)

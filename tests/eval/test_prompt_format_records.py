@@ -98,7 +98,8 @@ def test_dataset_eval_records_the_form_and_refuses_to_resume_another(tmp_path):
     out = tmp_path / "d.json"
     plain = run_dataset_eval(make_tiny_llama(), examples, settings, out, max_length=200, max_new_tokens=2)
     assert plain.extra["prompt_format"] == "plain" and json.loads(out.read_text())["prompt_format"] == "plain"
-    with pytest.raises(HeadprobeError, match=r"other settings \(prompt_format\)"):
+    # the forms differ, and so does what is scored (the plain form's first line)
+    with pytest.raises(HeadprobeError, match=r"other settings \(prompt_format, task\)"):
         run_dataset_eval(_chat_llama(), examples, settings, out, max_length=200, max_new_tokens=2, resume=True)
 
 
@@ -114,3 +115,31 @@ def test_ablation_results_record_the_form(tmp_path):
     assert result["prompt_format"] == "plain" and read_log(log)[0]["prompt_format"] == "plain"
     with pytest.raises(HeadprobeError, match=r"other settings \(prompt_format\)"):
         headprobe.run_ablation(_chat_llama(), *args, max_new_tokens=2, log_path=log, resume=True)
+
+
+def test_a_plain_dataset_answer_is_scored_on_its_first_line(tmp_path):
+    import datasets
+
+    from headprobe.eval.answer_scores import answer_text
+    from headprobe.probes.gates import qa_f1
+
+    # a base model answers on the cue's line and then writes on (another question, another answer)
+    rambling = " The Harlow reservoir\nQuestion: Which of the following is not a health concern?\nAnswer: Lead"
+    assert answer_text(rambling, "plain") == "The Harlow reservoir"
+    assert answer_text(rambling, "chat") == rambling
+    assert qa_f1(answer_text(rambling, "plain"), "the Harlow reservoir") == 1.0
+    assert qa_f1(rambling, "the Harlow reservoir") < 0.5
+
+    examples = headprobe.load_qa_dataset(datasets.Dataset.from_dict(QA_ROWS))
+    settings = expand_settings(["full"], [16])
+    plain = run_dataset_eval(make_tiny_llama(), examples, settings, tmp_path / "d.json", max_length=200,
+                             max_new_tokens=6)
+    assert plain.task["scored"] == "first line"
+    trials = plain.cells[0]["trials"]
+    assert [t["score"] for t in trials] == [max(qa_f1(answer_text(t["response"], "plain"), g) for g in t["gold"])
+                                            for t in trials]
+    chat = run_dataset_eval(_chat_llama(), examples, settings, tmp_path / "c.json", max_length=200,
+                            max_new_tokens=6)
+    assert "scored" not in chat.task
+    assert [t["score"] for t in chat.cells[0]["trials"]] == [
+        max(qa_f1(t["response"], g) for g in t["gold"]) for t in chat.cells[0]["trials"]]
