@@ -129,7 +129,8 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         result = headprobe.run_dataset_eval_on_ranks(lm, examples, settings, out, ranks, args.max_length,
                                                      args.max_new_tokens, str(args.dataset),
                                                      chat_template, args.resume, args.force,
-                                                     rank_progress(ranks, progress), figures=figures)
+                                                     rank_progress(ranks, progress), figures=figures,
+                                                     share_prefill=not args.no_shared_prefill)
     else:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint

@@ -162,15 +162,19 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                      max_length: int = 4000, max_new_tokens: int = 32, dataset_name: str = "<dataset>",
                      chat_template: bool = True, resume: bool = False, force: bool = False,
                      progress: Callable[[int], None] | None = None,
-                     figures: Sequence[str | Path] = ()) -> EvalResult:
+                     figures: Sequence[str | Path] = (), share_prefill: bool = True) -> EvalResult:
     """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
 
     The plain prompt form scores the response's first line (:func:`~headprobe.eval.answer_scores.answer_text`;
     the result's task records ``"scored": "first line"``), the chat form the whole response.
 
     Each answer is generated and measured like a grid trial (:func:`~headprobe.eval.setting_run.run_setting`),
-    and the cells are logged the grid's way (:class:`~headprobe.eval.cell_log.CellLog`): a cell is logged
-    as soon as its setting has answered every example, and a resumed run skips the settings already logged.
+    and the cells are logged the grid's way (:class:`~headprobe.eval.cell_log.CellLog`); a resumed run skips
+    the settings already logged. When more than one setting left to run prefills with plain attention (and
+    ``share_prefill``), examples are outer and settings inner, and one recorded prompt forward per example
+    serves them all (:mod:`headprobe.runtime.shared_prefill`: the same answers and bytes); their cells are
+    logged together once every example is answered. Otherwise settings are outer and each cell is logged as
+    soon as its setting has answered every example.
 
     Outputs are handled as in :func:`~headprobe.eval.runner.run_eval` (``figures``: the figures the
     caller draws from the result).
@@ -183,7 +187,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
         not replace, a log made with other settings, or a log another run writes to.
     """
     from ..limits import check_count
-    from .runner import resolve_budgets
+    from .runner import resolve_budgets, shares_prefill
 
     check_count("max_new_tokens", max_new_tokens)
     check_count("max_length", max_length)
@@ -203,18 +207,48 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                     resume=resume, force=force, figures=figures)
     cells.result.extra["prompt_format"] = form
     with cells:
-        for s in settings:
-            if cells.resumed(cell_id(s, max_length, None)):
-                if progress:
-                    progress(len(examples))
-                continue
-            trials = []
-            for ex, ids in zip(examples, prompts, strict=True):
-                run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens)
-                trials.append({"item": ex.id, "prompt_len": len(ids), "response": run.text,
-                               "gold": list(ex.answers), "score": score_answer(answer_text(run.text, form), list(ex.answers), "f1"),
-                               **run.measurements()})
-                if progress:
-                    progress(1)
-            cells.add([cell_record(s, max_length, None, trials)])
+        pending = [s for s in settings if not cells.resumed(cell_id(s, max_length, None))]
+        if progress and len(pending) < len(settings):
+            progress(len(examples) * (len(settings) - len(pending)))
+        if share_prefill and sum(shares_prefill(s) for s in pending) > 1:
+            cells.add(_answer_sharing_prefill(lm, examples, prompts, pending, budgets, max_length, max_new_tokens,
+                                              form, progress))
+        else:
+            for s in pending:
+                trials = []
+                for ex, ids in zip(examples, prompts, strict=True):
+                    trials.append(_trial(ex, ids, run_setting(lm, ids, s, budgets[s.label], max_new_tokens), form))
+                    if progress:
+                        progress(1)
+                cells.add([cell_record(s, max_length, None, trials)])
         return cells.finish()
+
+
+def _trial(ex: QAExample, ids: list[int], run: Any, form: str) -> dict[str, Any]:
+    """One example's trial record: the response, its token-F1 against the gold answers, the measurements."""
+    return {"item": ex.id, "prompt_len": len(ids), "response": run.text, "gold": list(ex.answers),
+            "score": score_answer(answer_text(run.text, form), list(ex.answers), "f1"), **run.measurements()}
+
+
+def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[list[int]],
+                            settings: list[EvalSetting], budgets: dict[str, Any], max_length: int,
+                            max_new_tokens: int, form: str,
+                            progress: Callable[[int], None] | None) -> list[dict[str, Any]]:
+    """Every example under every setting, examples outer: one recorded prompt forward per example serves
+    the settings that prefill with plain attention. Returns one cell record per setting, in their order."""
+    import torch
+
+    from ..runtime import record_prefill
+    from .runner import shares_prefill
+
+    trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
+    for ex, ids in zip(examples, prompts, strict=True):
+        prefill = record_prefill(lm, input_ids=torch.tensor([ids]))
+        for s in settings:
+            run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens,
+                              prefill=prefill if shares_prefill(s) else None)
+            trials[s.label].append(_trial(ex, ids, run, form))
+            if progress:
+                progress(1)
+        del prefill
+    return [cell_record(s, max_length, None, trials[s.label]) for s in settings]

@@ -254,7 +254,8 @@ class TuneRuns:
         if task.kind == "dataset":
             result = run_dataset_eval_on_ranks(self.lm, items, settings, path, self.ranks, task.lengths[0],
                                                req.max_new_tokens, str(task.description.get("dataset")),
-                                               req.chat_template, self.resume, self.force, advance)
+                                               req.chat_template, self.resume, self.force, advance,
+                                               share_prefill=req.share_prefill)
         else:
             request = EvalRequest(settings, items, list(task.lengths), list(task.depths), task.haystack,
                                   dict(task.description), req.max_new_tokens, req.chat_template, req.profile_dirs,

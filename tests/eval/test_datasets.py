@@ -85,3 +85,49 @@ def test_a_missing_datasets_package_is_one_line(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "datasets", None)      # as on an install without the [eval] extra
     with pytest.raises(headprobe.HeadprobeError, match=r"needs the 'datasets' package.*headprobe\[eval\]"):
         headprobe.load_qa_dataset(str(tmp_path / "qa.jsonl"))
+
+
+def test_dataset_settings_share_each_prompt_forward_with_the_same_cells(tiny_llama, tmp_path, monkeypatch):
+    """One recorded forward per example serves every setting that prefills with plain attention (KeyDiff
+    prefills its own way); answers, scores and bytes are those of separate runs."""
+    import datasets
+
+    from headprobe import runtime
+
+    examples = load_qa_dataset(datasets.Dataset.from_dict(ROWS))
+    settings = expand_settings(["full", "snapkv[window=8]", "streaming", "keydiff"], [16])
+    recorded = []
+    real = runtime.record_prefill
+
+    def counting(lm, *args, **kwargs):
+        recorded.append(kwargs["input_ids"].shape[-1])
+        return real(lm, *args, **kwargs)
+
+    monkeypatch.setattr(runtime, "record_prefill", counting)
+    shared = run_dataset_eval(tiny_llama, examples, settings, tmp_path / "a.json", max_length=200,
+                              max_new_tokens=MAX_NEW, chat_template=False)
+    assert recorded == [len(qa_prompt_ids(tiny_llama.tokenizer, ex, 200, False)) for ex in examples]
+    alone = run_dataset_eval(tiny_llama, examples, settings, tmp_path / "b.json", max_length=200,
+                             max_new_tokens=MAX_NEW, chat_template=False, share_prefill=False)
+    assert len(recorded) == len(examples)            # the separate runs recorded nothing
+    assert [c["trial"] for c in shared.cells] == [c["trial"] for c in alone.cells]
+    for a, b in zip(shared.cells, alone.cells, strict=True):
+        assert a["accuracy"] == b["accuracy"] and a["cache_bytes"] == b["cache_bytes"]
+        for ta, tb in zip(a["trials"], b["trials"], strict=True):
+            assert (ta["response"], ta["score"], ta["used_bytes"]) == (tb["response"], tb["score"], tb["used_bytes"])
+            assert ta["shared_prefill"] == (a["setting"] != "keydiff@16") and not tb["shared_prefill"]
+
+
+def test_a_dataset_run_resumes_only_the_settings_not_logged(tiny_llama, tmp_path):
+    import datasets
+
+    examples = load_qa_dataset(datasets.Dataset.from_dict(ROWS))
+    first = expand_settings(["full", "snapkv[window=8]"], [16])
+    out = tmp_path / "r.json"
+    run_dataset_eval(tiny_llama, examples, first, out, max_length=200, max_new_tokens=MAX_NEW, chat_template=False)
+    out.unlink()       # an interrupted run: its cell log holds both cells, the result was never written
+    ticks = []
+    resumed = run_dataset_eval(tiny_llama, examples, first, out, max_length=200, max_new_tokens=MAX_NEW,
+                               chat_template=False, resume=True, progress=ticks.append)
+    assert sum(ticks) == len(examples) * len(first) and resumed.complete
+    assert [c["setting"] for c in resumed.cells] == [s.label for s in first]
