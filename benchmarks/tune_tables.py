@@ -73,7 +73,7 @@ def main() -> None:
     for cap in report["capacities"]:
         c = cap["capacity"]
         chosen = cap["chosen"]["label"]
-        labels = [chosen] + [s for s in base if s.endswith(f"@{c}") or s == "full"]
+        labels = [chosen] + [s for s in base if (s.endswith(f"@{c}") or s == "full") and s != chosen]
         scores = np.array([[(held_run.get(lab) or base[lab])[k]["score"] for k in keys] for lab in labels])
         boot = bootstrap_means(scores, rule)
         nbytes = [np.mean([(held_run.get(lab) or base[lab])[k]["cache_bytes"] for k in keys]) for lab in labels]
@@ -83,10 +83,11 @@ def main() -> None:
             lo, hi = interval(boot[:, i], rule.level)
             rows.append((scores[i].mean(), lab, lo, hi, lead, nbytes[i] / 2**20))
         name = {lab: lab.split("@")[0] for lab in labels}
-        presets = [r for r in rows if name[r[1]] in PUBLISHED and r[1] != "full" and r[1] != chosen]
+        presets = [r for r in rows if name[r[1]] in PUBLISHED and r[1] != "full"]   # the tuned one too, if a preset
         best = max(presets, key=lambda r: r[0])
         for acc, lab, lo, hi, lead, mib in sorted(rows, key=lambda r: -r[0]):
-            mark = " (tuned)" if lab == chosen else " (best preset)" if lab == best[1] else ""
+            mark = " (tuned, the best preset)" if lab == chosen == best[1] else " (tuned)" if lab == chosen \
+                else " (best preset)" if lab == best[1] else ""
             print(f"| {c} | `{lab}`{mark} | {acc:.2f} | [{lo:.2f}, {hi:.2f}] | {lead} | {mib:.2f} |")
         pub = {n: next((r for r in rows if r[1] == f"{n}@{c}"), None) for n in ("snapkv", "headkv-r")}
         summary.append((c, chosen, rows[0], best, pub))
