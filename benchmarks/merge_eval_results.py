@@ -16,10 +16,11 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from headprobe import HeadprobeError, check_overwrite
+from headprobe import HeadprobeError
 from headprobe.eval import EvalResult
 from headprobe.eval.cell_log import cell_record
 from headprobe.eval.settings import EvalSetting
+from headprobe.frontend import check_overwrite
 
 
 def _same(parts: list[EvalResult], what: str, get) -> None:

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 import headprobe
-from headprobe import HeadprobeError, parse_max_memory
+from headprobe import HeadprobeError
+from headprobe.frontend import parse_max_memory
 
 torch.set_num_threads(1)
 
