@@ -94,8 +94,8 @@ def main() -> None:
     print("\n| capacity | tuned | best preset (hindsight) | tuned − best | SnapKV | HeadKV-R |")
     print("|---:|---|---|---|---|---|")
     for c, _chosen, mine, best, pub in summary:
-        print(f"| {c} | {mine[0]:.2f} | `{best[1]}` {best[0]:.2f} | {best[4]} | "
-              f"{pub['snapkv'][0]:.2f} {pub['snapkv'][4]} | {pub['headkv-r'][0]:.2f} {pub['headkv-r'][4]} |")
+        cols = [f"{r[0]:.2f} {r[4]}" if r else "– (not run)" for r in (pub["snapkv"], pub["headkv-r"])]
+        print(f"| {c} | {mine[0]:.2f} | `{best[1]}` {best[0]:.2f} | {best[4]} | {cols[0]} | {cols[1]} |")
     cost = report["cost"]
     eval_trials = sum(len(t) for t in base.values())
     print(f"\ntune: {cost['search_trials']} search trials + {cost['holdout_trials']} held-out trials = "
