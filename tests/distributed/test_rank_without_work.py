@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
+
+from torchrun_launch import run_torchrun
 
 import headprobe
 from headprobe import ProfileRequest, run_profile
@@ -46,8 +46,7 @@ def test_a_torchrun_rank_with_no_work_writes_no_log(tiny_llama, tmp_path):
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli"), str(ROOT / "tests")])}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script)], check=False, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_torchrun([str(script)], env, fresh=[tmp_path / "ranks"], timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "ranks"
     assert sorted(p.name for p in out.iterdir()) == ["tiny.layer_retention.json",

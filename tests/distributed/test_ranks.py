@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+from torchrun_launch import run_torchrun
 
 import headprobe
 from headprobe.distributed import Ranks, merge_pass, ranks_from_env
@@ -115,8 +114,8 @@ def test_two_gloo_ranks_gather_at_rank_zero(tmp_path):
                 json.dump({{"backend": ranks.backend, "got": got}}, out)
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])}
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script)], check=False, env=env, capture_output=True, text=True, timeout=300)
+    proc = run_torchrun([str(script)], env, fresh=[tmp_path / name for name in ("order", "rank0.json", "rank1.json")],
+                        timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     zero = json.loads((tmp_path / "rank0.json").read_text())
     one = json.loads((tmp_path / "rank1.json").read_text())

@@ -29,7 +29,7 @@ def test_two_ranks_write_the_profile_of_one_process(tiny_dir, tmp_path):
         assert main([*args, "--out-dir", str(tmp_path / "one")]) == 0
     finally:
         torch.set_num_threads(threads)
-    proc = torchrun([*args, "--out-dir", str(tmp_path / "ranks")])
+    proc = torchrun([*args, "--out-dir", str(tmp_path / "ranks")], fresh=[tmp_path / "ranks"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     one = json.loads((tmp_path / "one" / "tiny.query_focus.json").read_text())
     ranks = json.loads((tmp_path / "ranks" / "tiny.query_focus.json").read_text())

@@ -8,12 +8,13 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 from headprobe_cli.main import main
+from torchrun_launch import run_torchrun, torchrun_command
 
 pytestmark = pytest.mark.slow
 
@@ -31,13 +32,16 @@ KINDS = ("retrieval", "enhanced_retrieval", "layer_retention")
 TIMES = {"seconds", "mean_seconds", "ms_per_token", "created"}
 
 
-def torchrun(args: list[str], ranks: int = 2, **kw) -> subprocess.Popen | subprocess.CompletedProcess:
-    """``torchrun --standalone --nproc-per-node N -m headprobe ARGS`` (torchrun is torch.distributed.run)."""
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks),
-           "-m", "headprobe", *args]
-    if kw.pop("background", False):
-        return subprocess.Popen(cmd, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=600, check=False)
+def torchrun(args: list[str], fresh: Sequence[Path] = ()) -> subprocess.CompletedProcess:
+    """``torchrun --standalone --nproc-per-node 2 -m headprobe ARGS`` (torchrun is torch.distributed.run) to
+    its end; ``fresh``: what it writes, cleared if gloo's transport breaks and the launch starts again."""
+    return run_torchrun(["-m", "headprobe", *args], ENV, fresh=fresh)
+
+
+def torchrun_in_background(args: list[str]) -> subprocess.Popen:
+    """The launch of :func:`torchrun`, running while the caller watches it."""
+    return subprocess.Popen(torchrun_command(["-m", "headprobe", *args]), env=ENV, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
 
 
 def untimed(obj):
@@ -84,7 +88,7 @@ def assert_same_profiles(out: Path, reference: dict[str, dict]) -> None:
 
 def test_two_ranks_write_the_profile_of_one_process(one_process, tmp_path):
     out = tmp_path / "ranks"
-    proc = torchrun([*PROFILE, "--out-dir", str(out)])
+    proc = torchrun([*PROFILE, "--out-dir", str(out)], fresh=[out])
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert_same_profiles(out, one_process)
     # each rank ran its own prefix group and retention prompt, in its own log
@@ -121,7 +125,7 @@ def _rank_process(launcher: int, rank: int) -> int | None:
 @pytest.mark.skipif(not Path("/proc/self/task").is_dir(), reason="finds the rank's process through /proc")
 def test_a_killed_rank_resumes_without_redoing_finished_trials(one_process, tmp_path):
     out = tmp_path / "ranks"
-    launch = torchrun([*PROFILE, "--out-dir", str(out)], background=True)
+    launch = torchrun_in_background([*PROFILE, "--out-dir", str(out)])
     log1 = out / "smollm2-135m.retrieval.shard1of2.trials.jsonl"
     deadline = time.time() + 300
     while time.time() < deadline and launch.poll() is None and not (log1.exists() and log_trials(log1)):
@@ -154,7 +158,7 @@ EVAL = ["eval", "--device", "cpu", "--settings", "full", "snapkv", "--capacities
 
 def test_two_ranks_write_the_eval_of_one_process(tmp_path, one_thread):
     assert main([*EVAL, "--out", str(tmp_path / "one" / "eval.json")]) == 0
-    proc = torchrun([*EVAL, "--out", str(tmp_path / "ranks" / "eval.json")])
+    proc = torchrun([*EVAL, "--out", str(tmp_path / "ranks" / "eval.json")], fresh=[tmp_path / "ranks"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     one = json.loads((tmp_path / "one" / "eval.json").read_text())
     merged = json.loads((tmp_path / "ranks" / "eval.json").read_text())
@@ -180,7 +184,7 @@ def test_two_ranks_write_the_dataset_eval_of_one_process(tmp_path, one_thread):
     args = ["eval", "--device", "cpu", "--task", "dataset", "--dataset", str(data), "--settings", "full", "snapkv",
             "--capacities", "32", "--max-new-tokens", "8", "--plot", "none"]
     assert main([*args, "--out", str(tmp_path / "one" / "qa.json")]) == 0
-    proc = torchrun([*args, "--out", str(tmp_path / "ranks" / "qa.json")])
+    proc = torchrun([*args, "--out", str(tmp_path / "ranks" / "qa.json")], fresh=[tmp_path / "ranks"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     one = json.loads((tmp_path / "one" / "qa.json").read_text())
     merged = json.loads((tmp_path / "ranks" / "qa.json").read_text())
@@ -194,7 +198,7 @@ def test_two_ranks_write_the_ablation_of_one_process(tmp_path, one_thread):
             "--k", "3", "--lengths", "300", "--depths", "50", "--needle-ids", "r01", "r02", "--max-new-tokens", "16",
             "--plot", "none"]
     assert main([*args, "--out", str(tmp_path / "one" / "ablation.json")]) == 0
-    proc = torchrun([*args, "--out", str(tmp_path / "ranks" / "ablation.json")])
+    proc = torchrun([*args, "--out", str(tmp_path / "ranks" / "ablation.json")], fresh=[tmp_path / "ranks"])
     assert proc.returncode == 0, proc.stderr[-4000:]
     one = json.loads((tmp_path / "one" / "ablation.json").read_text())
     merged = json.loads((tmp_path / "ranks" / "ablation.json").read_text())

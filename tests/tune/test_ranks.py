@@ -9,6 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+from torchrun_launch import run_torchrun
+
 ROOT = Path(__file__).resolve().parents[2]
 
 ARGS = ["--lengths", "200", "260", "--depths", "25", "75", "--needle-ids", "r01", "r02", "r03", "r04",
@@ -49,10 +51,8 @@ def test_two_ranks_choose_and_report_what_one_process_does(tmp_path, tiny_dir):
                            "--out", str(one / "t.json")], check=False, env=env, capture_output=True, text=True,
                           timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), "tune", "--model", str(tiny_dir), *ARGS, "--out", str(two / "t.json")],
-                          check=False, env=env, capture_output=True, text=True,
-                          timeout=900)
+    proc = run_torchrun([str(script), "tune", "--model", str(tiny_dir), *ARGS, "--out", str(two / "t.json")], env,
+                        fresh=[two], timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a = json.loads((one / "t.json").read_text())
     b = json.loads((two / "t.json").read_text())
