@@ -1,5 +1,7 @@
 """The dataset task runs and measures its cells the grid's way: new tokens and ms per token mean the same."""
 
+import json
+
 import pytest
 import torch
 from conftest import QA_ROWS
@@ -118,16 +120,44 @@ def test_dataset_settings_share_each_prompt_forward_with_the_same_cells(tiny_lla
             assert ta["shared_prefill"] == (a["setting"] != "keydiff@16") and not tb["shared_prefill"]
 
 
-def test_a_dataset_run_resumes_only_the_settings_not_logged(tiny_llama, tmp_path):
+def test_a_dataset_run_resumes_only_the_settings_not_logged(tiny_llama, tmp_path, monkeypatch):
+    """A run stopped after its first setting's cell was logged answers only the second setting's examples
+    when resumed, and its result equals an uninterrupted run's."""
     import datasets
+
+    from headprobe.eval import datasets as dataset_eval
 
     examples = load_qa_dataset(datasets.Dataset.from_dict(ROWS))
     first = expand_settings(["full", "snapkv[window=8]"], [16])
+    answered = []
+    real = dataset_eval.run_setting
+
+    def counting(lm, ids, setting, *args, **kwargs):
+        answered.append(setting.label)
+        return real(lm, ids, setting, *args, **kwargs)
+
+    monkeypatch.setattr(dataset_eval, "run_setting", counting)
+    whole = run_dataset_eval(tiny_llama, examples, first, tmp_path / "whole.json", max_length=200,
+                             max_new_tokens=MAX_NEW, chat_template=False, share_prefill=False)
+
+    def stop_in_second_setting(_n):
+        if len(answered) > len(examples):
+            raise KeyboardInterrupt
+
     out = tmp_path / "r.json"
-    run_dataset_eval(tiny_llama, examples, first, out, max_length=200, max_new_tokens=MAX_NEW, chat_template=False)
-    out.unlink()       # an interrupted run: its cell log holds both cells, the result was never written
+    answered.clear()
+    with pytest.raises(KeyboardInterrupt):
+        run_dataset_eval(tiny_llama, examples, first, out, max_length=200, max_new_tokens=MAX_NEW,
+                         chat_template=False, share_prefill=False, progress=stop_in_second_setting)
+    partial = json.loads(out.read_text())              # what was finished is written, marked unfinished
+    assert not partial["complete"] and [c["setting"] for c in partial["cells"]] == [first[0].label]
+    answered.clear()
     ticks = []
     resumed = run_dataset_eval(tiny_llama, examples, first, out, max_length=200, max_new_tokens=MAX_NEW,
-                               chat_template=False, resume=True, progress=ticks.append)
+                               chat_template=False, resume=True, share_prefill=False, progress=ticks.append)
+    assert answered == [first[1].label] * len(examples)           # the logged setting was not answered again
     assert sum(ticks) == len(examples) * len(first) and resumed.complete
     assert [c["setting"] for c in resumed.cells] == [s.label for s in first]
+    for a, b in zip(resumed.cells, whole.cells, strict=True):
+        assert [t["response"] for t in a["trials"]] == [t["response"] for t in b["trials"]]
+        assert a["accuracy"] == b["accuracy"]
