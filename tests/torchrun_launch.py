@@ -1,10 +1,11 @@
 """Start ``torchrun --standalone --nproc-per-node N`` for the tests that compare a launch with one process.
 
-The ranks talk over gloo's TCP transport on the loopback interface. On a loaded CI machine that transport
-can, rarely, report that its peer reset the connection (``gloo/transport/tcp/pair.cc ... Connection reset
-by peer``) while neither rank has failed in headprobe's code: the launch stops with that error in
-``stderr``. Such a launch is started again once, from clean outputs, with a warning that says so; any
-other failure, and a second transport failure, is returned as it is for the test to report.
+The ranks talk over gloo's TCP transport on the loopback interface. On a loaded CI machine gloo can, rarely,
+fail under a launch while neither rank has failed in headprobe's code: its TCP pair reports that the peer
+reset the connection (``gloo/transport/tcp/pair.cc ... Connection reset by peer``), or a rank aborts in
+gloo's C++ teardown (``terminate called without an active exception``). Such a launch is started again
+once, from clean outputs, with a warning that quotes the error; any other failure, and a second one of
+these, is returned as it is for the test to report.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
-#: gloo's own message when a TCP pair between two ranks broke under it.
-TRANSPORT_ERROR = re.compile(r"gloo/transport/tcp/\w+\.cc:\d+\][^\n]*Connection (reset|closed) by peer")
+#: gloo's own message when a TCP pair between two ranks broke under it, and the C++ runtime's when a rank
+#: aborted with a thread still running in its teardown.
+GLOO_FAILURE = re.compile(r"gloo/transport/tcp/\w+\.cc:\d+\][^\n]*Connection (reset|closed) by peer"
+                             r"|terminate called without an active exception")
 
 
 def torchrun_command(args: Sequence[str], ranks: int = 2) -> list[str]:
@@ -27,9 +30,9 @@ def torchrun_command(args: Sequence[str], ranks: int = 2) -> list[str]:
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(ranks), *args]
 
 
-def transport_failed(proc: subprocess.CompletedProcess) -> bool:
-    """Whether a launch failed only because a gloo TCP connection between its ranks broke."""
-    return proc.returncode != 0 and TRANSPORT_ERROR.search(proc.stderr or "") is not None
+def gloo_failed(proc: subprocess.CompletedProcess) -> bool:
+    """Whether a launch failed only in gloo's transport or teardown (see the module)."""
+    return proc.returncode != 0 and GLOO_FAILURE.search(proc.stderr or "") is not None
 
 
 def run_torchrun(args: Sequence[str], env: dict[str, str], fresh: Sequence[Path] = (), ranks: int = 2,
@@ -48,10 +51,10 @@ def run_torchrun(args: Sequence[str], env: dict[str, str], fresh: Sequence[Path]
     """
     cmd = torchrun_command(args, ranks)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    if not transport_failed(proc):
+    if not gloo_failed(proc):
         return proc
-    line = next(line for line in proc.stderr.splitlines() if TRANSPORT_ERROR.search(line))
-    warnings.warn(f"torchrun launch started again after a gloo transport failure: {line.strip()[-200:]}",
+    line = next(line for line in proc.stderr.splitlines() if GLOO_FAILURE.search(line))
+    warnings.warn(f"torchrun launch started again after a gloo failure: {line.strip()[-200:]}",
                   stacklevel=2)
     for path in fresh:
         if path.is_dir():

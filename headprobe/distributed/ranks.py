@@ -124,15 +124,13 @@ class Ranks:
         if not self.distributed:
             yield
             return
-        import torch.distributed as dist
-
         if self.local_rank != 0:
-            dist.barrier()
+            _barrier()
         try:
             yield
         finally:
             if self.local_rank == 0:
-                dist.barrier()
+                _barrier()
 
     def gather_json(self, obj: Any) -> list[Any] | None:
         """Every rank's ``obj`` (JSON-serialisable), in rank order, at rank 0; ``None`` on the others.
@@ -221,7 +219,22 @@ def process_group(device: str | None = None, timeout: datetime.timedelta = DEFAU
     if backend == "nccl":
         torch.cuda.set_device(ranks.local_rank % torch.cuda.device_count())
     dist.init_process_group(backend=backend, timeout=timeout)
+    finished = False
     try:
         yield Ranks(ranks.rank, ranks.world_size, ranks.local_rank, backend)
+        finished = True
     finally:
+        if finished:        # leave together: rank 0's outputs are written before any rank tears down its group
+            _barrier()
         dist.destroy_process_group()
+
+
+def _barrier() -> None:
+    """Wait for every rank of the default group (on nccl, at this rank's current GPU)."""
+    import torch
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        dist.barrier(device_ids=[torch.cuda.current_device()])
+    else:
+        dist.barrier()

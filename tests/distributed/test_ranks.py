@@ -102,7 +102,7 @@ def test_two_gloo_ranks_gather_at_rank_zero(tmp_path):
     """A real torchrun launch: two processes join a gloo group, rank 0 alone gets both objects."""
     script = tmp_path / "gather.py"
     script.write_text(textwrap.dedent(f"""
-        import json, sys
+        import json, sys, time
         import headprobe
         with headprobe.process_group() as ranks:
             got = ranks.gather_json({{"rank": ranks.rank, "mine": ranks.mine(list(range(5)))}})
@@ -112,6 +112,10 @@ def test_two_gloo_ranks_gather_at_rank_zero(tmp_path):
                 order.close()
             with open({str(tmp_path)!r} + f"/rank{{ranks.rank}}.json", "w") as out:
                 json.dump({{"backend": ranks.backend, "got": got}}, out)
+            if ranks.is_main:               # rank 0 still writing its outputs after the last collective
+                time.sleep(1.0)
+                open({str(tmp_path / "order")!r}, "a").write("written\\n")
+        open({str(tmp_path / "order")!r}, "a").write(f"left{{ranks.rank}}\\n")
     """))
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])}
     proc = run_torchrun([str(script)], env, fresh=[tmp_path / name for name in ("order", "rank0.json", "rank1.json")],
@@ -121,4 +125,7 @@ def test_two_gloo_ranks_gather_at_rank_zero(tmp_path):
     one = json.loads((tmp_path / "rank1.json").read_text())
     assert zero == {"backend": "gloo", "got": [{"rank": 0, "mine": [0, 2, 4]}, {"rank": 1, "mine": [1, 3]}]}
     assert one == {"backend": "gloo", "got": None}
-    assert (tmp_path / "order").read_text().split() == ["0", "1"]   # local rank 0 went first
+    order = (tmp_path / "order").read_text().split()
+    assert order[:2] == ["0", "1"]                                   # local rank 0 went first
+    # no rank leaves the group (and tears it down) before rank 0 has written what it writes
+    assert order[2] == "written" and sorted(order[3:]) == ["left0", "left1"]
