@@ -35,6 +35,7 @@ def test_a_torchrun_rank_with_no_work_writes_no_log(tiny_llama, tmp_path):
     """Two ranks, one sample: rank 1 writes nothing, rank 0 writes the profile one process writes."""
     script = tmp_path / "ranks.py"
     script.write_text(textwrap.dedent(f"""
+        import json
         import conftest
         import headprobe
         request = headprobe.ProfileRequest(probes=["layer_retention"], tasks=["code"], samples_per_task=1,
@@ -42,17 +43,21 @@ def test_a_torchrun_rank_with_no_work_writes_no_log(tiny_llama, tmp_path):
                                            chat_template=False, out_dir={str(tmp_path / "ranks")!r}, name="tiny")
         with headprobe.process_group() as ranks:
             result = headprobe.run_profile_on_ranks(conftest.make_tiny_llama(), request, ranks)
-        print("RESULT", ranks.rank, [str(p) for p in result.logs], [str(p) for p in result.profiles])
+        with open({str(tmp_path / "results")!r} + f"/rank{{ranks.rank}}.json", "w") as f:    # one file a rank
+            json.dump({{"logs": [str(p) for p in result.logs], "profiles": [str(p) for p in result.profiles]}}, f)
     """))
+    (tmp_path / "results").mkdir()
     env = {**os.environ, "OMP_NUM_THREADS": "1",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli"), str(ROOT / "tests")])}
-    proc = run_torchrun([str(script)], env, fresh=[tmp_path / "ranks"], timeout=300)
+    proc = run_torchrun([str(script)], env, fresh=[tmp_path / "ranks"], timeout=300)   # results: rewritten
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = tmp_path / "ranks"
     assert sorted(p.name for p in out.iterdir()) == ["tiny.layer_retention.json",
                                                       "tiny.layer_retention.shard0of2.trials.jsonl"]
-    results = sorted(line.split(" ", 2)[1:] for line in proc.stdout.splitlines() if line.startswith("RESULT "))
-    assert [rank for rank, _ in results] == ["0", "1"]
+    results = [json.loads((tmp_path / "results" / f"rank{r}.json").read_text()) for r in (0, 1)]
+    assert results[0] == {"logs": [str(out / "tiny.layer_retention.shard0of2.trials.jsonl")],
+                          "profiles": [str(out / "tiny.layer_retention.json")]}
+    assert results[1] == {"logs": [], "profiles": []}
     one = run_profile(tiny_llama, ProfileRequest(**ONE_SAMPLE, out_dir=tmp_path / "one", name="tiny"))
     single, merged = (json.loads(Path(p).read_text()) for p in (one.profiles[0], out / "tiny.layer_retention.json"))
     assert merged["retention"] == single["retention"] and merged["fingerprint"] == single["fingerprint"]
