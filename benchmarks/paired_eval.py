@@ -12,18 +12,10 @@ from __future__ import annotations
 import argparse
 
 import numpy as np
+from tune_tables import trials_by_setting  # benchmarks/ is the script's folder
 
 from headprobe.eval import EvalResult
 from headprobe.tune.halving import HalvingRule, bootstrap_means, interval
-
-
-def trials_by_setting(result: EvalResult) -> dict[str, dict[tuple, float]]:
-    """``{setting label: {(item, length, depth): score}}`` over every cell of ``result``."""
-    out: dict[str, dict[tuple, float]] = {}
-    for cell in result.cells:
-        for t in cell["trials"]:
-            out.setdefault(cell["setting"], {})[(t["item"], cell["length"], cell["depth"])] = float(t["score"])
-    return out
 
 
 def main() -> None:
@@ -34,7 +26,8 @@ def main() -> None:
     result = EvalResult.load(args.result)
     if not result.complete:
         raise SystemExit(f"{args.result}: an unfinished run (complete: false); finish it with --resume first")
-    trials = trials_by_setting(result)
+    trials = {lab: {k: float(t["score"]) for k, t in by_key.items()}
+              for lab, by_key in trials_by_setting(result).items()}
     if args.lead not in trials:
         raise SystemExit(f"--lead {args.lead}: not a setting of {args.result} ({', '.join(trials)})")
     keys = sorted(trials[args.lead], key=lambda k: (k[0], k[1], -1.0 if k[2] is None else k[2]))

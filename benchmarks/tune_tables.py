@@ -39,7 +39,8 @@ def _times(paths: list[str]) -> tuple[float, float]:
     return wall, cpu
 
 
-def _trials(result: EvalResult) -> dict[str, dict[tuple, dict]]:
+def trials_by_setting(result: EvalResult) -> dict[str, dict[tuple, dict]]:
+    """``{setting label: {(item, length, depth): trial}}`` over every cell of ``result``."""
     out: dict[str, dict[tuple, dict]] = {}
     for c in result.cells:
         for t in c["trials"]:
@@ -56,8 +57,8 @@ def main() -> None:
     args = ap.parse_args()
     report = load_report(args.report)
     runs = Path(args.report).with_name(Path(args.report).stem + ".runs")
-    held_run = _trials(EvalResult.load(runs / "holdout.json"))
-    base = _trials(EvalResult.load(args.presets))
+    held_run = trials_by_setting(EvalResult.load(runs / "holdout.json"))
+    base = trials_by_setting(EvalResult.load(args.presets))
     rule = HalvingRule(**{k: report["rule"][k] for k in ("eta", "level", "resamples", "seed")})
     holdout = report["split"]["holdout"]
     keys = sorted(k for k in next(iter(held_run.values())) if k[0] in holdout)
