@@ -178,7 +178,7 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         having been asked for (no GPU, or a torch that cannot use it), saying why.
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     resolved = resolve_model(model)
     if dtype not in DTYPES:
@@ -204,8 +204,7 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     if cache_only:
         kwargs["local_files_only"] = True
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code,
-                                                  **({"local_files_only": True} if cache_only else {}))
+        path, tokenizer = _model_tokenizer(resolved, model, path, trust_remote_code, cache_only)
         with quiet_weight_loading():
             hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
     except ValueError as exc:
@@ -423,13 +422,53 @@ def _without_progress_bars() -> Iterator[None]:
         sys.stderr.write("".join(kept))
 
 
-def _converted_gguf(spec: ModelSpec) -> Path:
-    """Path of the safetensors conversion of a shipped GGUF, converting it on first use."""
+#: Bumped whenever :func:`_converted_gguf` changes what it writes, so older conversions are not reused.
+CONVERTER_VERSION = 2
+
+#: Text tokenized at conversion by the GGUF's own tokenizer; its ids are recorded beside the conversion and
+#: every load checks that the converted tokenizer gives the same ids (spaces, digits, punctuation, a newline).
+TOKENIZER_CHECK_TEXT = "The code of the harbour vault is 4817.\nQuestion: what is  it? Answer: 4,817 (four)."
+
+#: The file beside a conversion that records what it was made from and by (:func:`conversion_inputs`).
+SOURCE_FILE = "headprobe-source.json"
+
+
+def conversion_inputs(spec: ModelSpec, gguf: Path) -> dict[str, Any]:
+    """What decides a conversion's content: the GGUF (file, size, the version of the package that ships it),
+    the versions of transformers and gguf that read it, and :data:`CONVERTER_VERSION`.
+
+    A conversion made under another transformers (another virtual environment sharing the cache folder,
+    or an upgrade) is never reused: transformers' GGUF reader and the tokenizer classes it writes change
+    between releases (a tokenizer saved by one release can load as another class in the next, which
+    tokenizes every space differently)."""
+    import transformers
+
+    return {"file": gguf.name, "size": gguf.stat().st_size,
+            "package": f"{spec.gguf_package} {_version_of(spec.gguf_package)}",
+            "transformers": transformers.__version__, "gguf": _version_of("gguf"),
+            "converter": CONVERTER_VERSION}
+
+
+def _version_of(package: str) -> str:
+    from importlib import metadata
+
+    try:
+        return metadata.version(package.replace("_", "-"))
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def conversion_folder(spec: ModelSpec, gguf: Path) -> Path:
+    """Where the conversion of ``gguf`` under this environment lives: keyed by :func:`conversion_inputs`."""
+    return cache_dir() / "models" / f"{spec.alias}-{fingerprint(conversion_inputs(spec, gguf), 12)}"
+
+
+def _converted_gguf(spec: ModelSpec, again: bool = False) -> Path:
+    """Path of the safetensors conversion of a shipped GGUF, converting it on first use (or ``again``)."""
     gguf = _gguf_path(spec)
-    stat = gguf.stat()
-    key = fingerprint({"file": gguf.name, "size": stat.st_size}, 12)
-    target = cache_dir() / "models" / f"{spec.alias}-{key}"
-    if (target / "config.json").exists() and any(target.glob("*.safetensors")):
+    target = conversion_folder(spec, gguf)
+    if not again and (target / "config.json").exists() and any(target.glob("*.safetensors")) \
+            and (target / SOURCE_FILE).exists():
         return target
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -443,14 +482,16 @@ def _converted_gguf(spec: ModelSpec) -> Path:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
+    source = {"gguf": str(gguf), "hf_id": spec.hf_id, **conversion_inputs(spec, gguf),
+              "tokenizer_check": {"text": TOKENIZER_CHECK_TEXT, "ids": _check_ids(tokenizer)}}
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
     try:
         with quiet_weight_loading():
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
-        with open(tmp / "headprobe-source.json", "w", encoding="utf-8") as handle:
-            json.dump({"gguf": str(gguf), "size": stat.st_size, "hf_id": spec.hf_id}, handle)
+        with open(tmp / SOURCE_FILE, "w", encoding="utf-8") as handle:
+            json.dump(source, handle)
         if target.exists():
             shutil.rmtree(target)
         os.replace(tmp, target)
@@ -458,6 +499,61 @@ def _converted_gguf(spec: ModelSpec) -> Path:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _check_ids(tokenizer: Any) -> list[int]:
+    return list(tokenizer(TOKENIZER_CHECK_TEXT, add_special_tokens=False)["input_ids"])
+
+
+def tokenizer_mismatch(folder: Path, tokenizer: Any) -> str | None:
+    """Why the tokenizer loaded from a conversion folder does not tokenize as the GGUF's own tokenizer did
+    when the folder was made (the ids recorded in its :data:`SOURCE_FILE`), or None when it does."""
+    try:
+        recorded = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))["tokenizer_check"]
+        expected = [int(i) for i in recorded["ids"]]
+        text = str(recorded["text"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return f"{folder / SOURCE_FILE} records no tokenizer check"
+    found = list(tokenizer(text, add_special_tokens=False)["input_ids"])
+    if found == expected:
+        return None
+    return (f"its tokenizer ({type(tokenizer).__name__}) gives {len(found)} tokens where the GGUF's gave "
+            f"{len(expected)}")
+
+
+def _model_tokenizer(resolved: ResolvedModel, model: str, path: str, trust_remote_code: bool,
+                     cache_only: bool) -> tuple[str, Any]:
+    """The model folder to load weights from and its tokenizer; a shipped GGUF's conversion is checked
+    (:func:`_checked_gguf_tokenizer`)."""
+    from transformers import AutoTokenizer
+
+    def load(folder: Any) -> Any:
+        return AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code,
+                                             **({"local_files_only": True} if cache_only else {}))
+
+    if resolved.spec is None or not resolved.spec.gguf_package:
+        return path, load(path)
+    folder, tokenizer = _checked_gguf_tokenizer(resolved.spec, model, Path(path), load)
+    return str(folder), tokenizer
+
+
+def _checked_gguf_tokenizer(spec: ModelSpec, model: str, folder: Path, load: Any) -> tuple[Path, Any]:
+    """The conversion folder and its tokenizer, converted again once if the tokenizer does not tokenize as
+    the GGUF's own did (a folder written or edited by another environment); refused if it still differs."""
+    tokenizer = load(folder)
+    why = tokenizer_mismatch(folder, tokenizer)
+    if why is None:
+        return folder, tokenizer
+    print(f"headprobe: the cached conversion in {folder} does not tokenize as {spec.hf_id}'s GGUF ({why}); "
+          "converting it again", file=sys.stderr)
+    folder = _converted_gguf(spec, again=True)
+    tokenizer = load(folder)
+    why = tokenizer_mismatch(folder, tokenizer)
+    if why is not None:
+        raise HeadprobeError(f"{param('model', model)}: the tokenizer transformers converts from the GGUF in "
+                             f"{folder} does not tokenize as the GGUF ({why}); this transformers cannot read "
+                             "its tokenizer")
+    return folder, tokenizer
 
 
 # ---- helpers -------------------------------------------------------------------------------------
