@@ -150,11 +150,15 @@ def profile_kinds(holds: str | None = None) -> tuple[str, ...]:
 
 
 class KindNames(Sequence[str]):
-    """The registered passes' profile kinds, read from the registry each time (a pass registered later
-    is in it): iterate it, test membership, index it, join it."""
+    """The registered passes' profile kinds (only those of passes whose profiles hold ``holds``, when
+    given), read from the registry each time (a pass registered later is in it): iterate it, test
+    membership, index it, join it."""
+
+    def __init__(self, holds: str | None = None) -> None:
+        self.holds = holds
 
     def _names(self) -> tuple[str, ...]:
-        return profile_kinds()
+        return profile_kinds(self.holds)
 
     def __getitem__(self, index):  # type: ignore[override]
         return self._names()[index]

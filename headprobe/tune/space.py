@@ -28,6 +28,7 @@ from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
 from ..eval.presets import PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, expand_settings, make_setting
+from ..probes.registry import KindNames
 
 #: The policy options ``headprobe tune`` searches, and the values it tries (each where the policy declares
 #: it): the observation window (HeadKV's 8, SnapKV's 32, the question of each prompt), the pooling kernel
@@ -35,8 +36,9 @@ from ..eval.settings import EvalSetting, expand_settings, make_setting
 POLICY_SEARCH: dict[str, tuple[Any, ...]] = {"window": (8, 32, QUESTION_WINDOW), "kernel_size": (5, 7),
                                              "pooling": ("max", "avg")}
 
-#: Head-score profile kinds (the ``head_scores`` need of an allocator).
-HEAD_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning")
+#: Head-score profile kinds (the ``head_scores`` need of an allocator): every registered probe pass's kinds
+#: whose profiles hold head scores, read from the registry each time.
+HEAD_KINDS = KindNames("head_scores")
 
 
 def budget_policies() -> tuple[str, ...]:

@@ -70,7 +70,11 @@ def test_a_missing_profile_leaves_its_allocations_out(smollm2_profiles):
     space = SearchSpace(policies=("snapkv",))
     only_heads = {k: v for k, v in smollm2_profiles.items() if k == "retrieval"}
     methods = {a.method for a in allocations(space, only_heads)}
-    assert methods == {"uniform", "headkv", "pyramid"}          # dynamickv and combined need layer retention
+    # dynamickv and combined need layer retention: every allocator that reads only head scores is in
+    from headprobe.allocation.registry import ALLOCATORS
+
+    assert methods == {n for n, a in ALLOCATORS.items() if set(a.needs) <= {"head_scores"}}
+    assert {"uniform", "headkv", "pyramid"} <= methods and not {"dynamickv", "combined"} & methods
 
 
 def test_a_new_allocator_option_reaches_the_space_by_its_declaration(monkeypatch, smollm2_profiles):
@@ -144,3 +148,19 @@ def test_bad_spaces_are_refused_in_one_line(space, message):
     with pytest.raises(HeadprobeError) as err:
         space.check()
     assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_head_kinds_are_the_registered_head_score_kinds():
+    """Tune searches every registered pass's head-score kinds: the shipped own-data kinds and a pass
+    registered later, without a second list to edit."""
+    from headprobe.probes import registry
+
+    SearchSpace(head_kinds=("query_focus", "context_retrieval")).check()
+    toy = registry.ProbePass("toy_heads", ("toy_heads",), "head_scores", registry.get_pass("retrieval").implementation)
+    registry.register_pass(toy)
+    try:
+        SearchSpace(head_kinds=("toy_heads",)).check()
+    finally:
+        registry.unregister_pass("toy_heads")
+    with pytest.raises(HeadprobeError, match="head_kinds='toy_heads'"):
+        SearchSpace(head_kinds=("toy_heads",)).check()
