@@ -165,6 +165,7 @@ def pooled_window_scores(
         if pooling == "max":
             flat = F.max_pool1d(flat, kernel_size=kernel_size, stride=1, padding=pad)
         else:
-            flat = F.avg_pool1d(flat, kernel_size=kernel_size, stride=1, padding=pad, count_include_pad=False)
+            # zeros past both ends count, as in SnapKV's code and kvpress's SnapKVPress (torch's default)
+            flat = F.avg_pool1d(flat, kernel_size=kernel_size, stride=1, padding=pad, count_include_pad=True)
         scores = flat.reshape(b, h, n)
     return scores

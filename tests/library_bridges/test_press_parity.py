@@ -1,0 +1,97 @@
+"""Method parity with kvpress: for the methods both toolkits implement, the tokens each KV head keeps in
+headprobe's cache are those kvpress's own press keeps, on the same prompt and ratio, or they differ only
+by a documented rule (docs/interop.md, "Method parity with kvpress").
+
+Runs where kvpress is installed (its own environment, ``.ci/kvpress``); the headprobe side runs there too.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+kvpress = pytest.importorskip("kvpress")
+
+import headprobe  # noqa: E402
+from headprobe.library_bridges.press_parity import agreement, full_keys, headprobe_kept, press_kept  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+RATIO = 0.5
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    torch.manual_seed(0)
+    return headprobe.load_model("smollm2-135m", device="cpu")
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm2):
+    text = headprobe.load_haystack().text[:2400] + " The code of the harbour vault is 4817. "
+    ids = smollm2.tokenizer(text + "\nWhat is the code of the harbour vault?", return_tensors="pt").input_ids
+    return ids[:, -500:]
+
+
+@pytest.fixture(scope="module")
+def keys(smollm2, prompt):
+    return full_keys(smollm2.model, prompt)
+
+
+def _n_kept(prompt) -> int:
+    from kvpress.utils import compute_n_kept
+
+    return compute_n_kept(prompt.shape[1], RATIO)
+
+
+@pytest.mark.parametrize("name", ["snapkv", "streaming", "keydiff"])
+def test_the_same_tokens_are_kept_in_every_head(smollm2, prompt, keys, name):
+    """SnapKV (window 32, average pooling of kernel 5, as kvpress's defaults but the window), StreamingLLM
+    (4 sinks) and KeyDiff (normalised anchor, the whole prompt in one block) keep exactly kvpress's tokens
+    in every KV head of every layer."""
+    n = prompt.shape[1]
+    press, policy, options = {
+        "snapkv": (kvpress.SnapKVPress(RATIO, window_size=32, kernel_size=5), "snapkv",
+                   {"window": 32, "kernel_size": 5, "pooling": "avg"}),
+        "streaming": (kvpress.StreamingLLMPress(RATIO, n_sink=4), "streaming", {"sink": 4, "window": 0}),
+        "keydiff": (kvpress.KeyDiffPress(RATIO), "keydiff", {"block_size": n, "anchor": "normalized"}),
+    }[name]
+    theirs = press_kept(smollm2.model, press, prompt, keys)
+    ours = headprobe_kept(smollm2, prompt, policy, options, capacity=_n_kept(prompt))
+    found = agreement(ours, theirs)
+    assert found.heads == 30 * 3
+    assert found.share == 1.0, found.first_difference
+    assert all(len(head) == _n_kept(prompt) for layer in ours for head in layer)
+
+
+def test_adakv_keeps_kvpress_tokens_up_to_float_ties(smollm2, prompt, keys):
+    """AdaKV over SnapKV: with the safeguard counted on the whole budget (``floor_of=budget``, kvpress's
+    ``int(n_kept · alpha)`` with the window inside), the kept tokens agree but for near-ties of the one
+    top-k over all heads of a layer (float sums in another order): at most one position in a head."""
+    press = kvpress.AdaKVPress(kvpress.SnapKVPress(RATIO, window_size=32, kernel_size=5), alpha_safeguard=0.2)
+    theirs = press_kept(smollm2.model, press, prompt, keys)
+    ours = headprobe_kept(smollm2, prompt, "snapkv", {"window": 32, "kernel_size": 5, "pooling": "avg",
+                                                      "adaptive": True, "floor_share": 0.2, "floor_of": "budget"},
+                          capacity=_n_kept(prompt))
+    found = agreement(ours, theirs)
+    assert found.share >= 0.95 and found.jaccard > 0.999, found
+    for layer_ours, layer_theirs in zip(ours, theirs, strict=True):
+        assert sum(map(len, layer_ours)) == sum(map(len, layer_theirs))          # each layer's total is kept
+        for a, b in zip(layer_ours, layer_theirs, strict=True):
+            assert len(set(a) ^ set(b)) <= 2
+
+
+def test_pyramid_differs_from_kvpress_only_by_its_rounding(smollm2, prompt, keys):
+    """PyramidKV (window 8, beta 20): headprobe's layer budgets sum exactly to the target and spread the
+    remainder over heads (largest remainder); kvpress rounds each layer's budget on its own. The layer
+    budgets differ by at most one token per head, and the kept tokens by as much."""
+    press = kvpress.PyramidKVPress(RATIO, window_size=8, kernel_size=5, beta=20)
+    theirs = press_kept(smollm2.model, press, prompt, keys)
+    bm = headprobe.allocate("pyramid", [], smollm2.identity, capacity=_n_kept(prompt), window=0, taper=20)
+    ours = headprobe_kept(smollm2, prompt, "snapkv", {"window": 8, "kernel_size": 5, "pooling": "avg"}, budget=bm)
+    found = agreement(ours, theirs)
+    assert found.jaccard > 0.98, found
+    for layer_ours, layer_theirs in zip(ours, theirs, strict=True):
+        for a, b in zip(layer_ours, layer_theirs, strict=True):
+            assert abs(len(a) - len(b)) <= 1
+            assert len(set(a) ^ set(b)) <= 4
