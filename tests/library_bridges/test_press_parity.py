@@ -12,8 +12,8 @@ import torch
 
 kvpress = pytest.importorskip("kvpress")
 
-import headprobe  # noqa: E402
-from headprobe.library_bridges.press_parity import agreement, full_keys, headprobe_kept, press_kept  # noqa: E402
+import headprobe
+from headprobe.library_bridges.press_parity import agreement, full_keys, headprobe_kept, press_kept
 
 pytestmark = pytest.mark.slow
 
@@ -95,3 +95,27 @@ def test_pyramid_differs_from_kvpress_only_by_its_rounding(smollm2, prompt, keys
         for a, b in zip(layer_ours, layer_theirs, strict=True):
             assert abs(len(a) - len(b)) <= 1
             assert len(set(a) ^ set(b)) <= 4
+
+
+QUESTIONS = [
+    (" The code of the harbour vault is 4817. ", "What is the code of the harbour vault?"),
+    (" The ferry to Marrow Point leaves at twenty past six. ", "When does the ferry to Marrow Point leave?"),
+    (" The mascot of the chess club is a stuffed badger named Pimm. ", "What is the chess club's mascot called?"),
+]
+
+
+@pytest.mark.parametrize("needle, question", QUESTIONS)
+def test_kvpress_without_a_press_and_headprobes_full_cache_answer_alike(smollm2, needle, question):
+    """kvpress's pipeline with no press and headprobe's full cache, on the same tokens (the pipeline's own
+    context and question ids, one after the other), give the same greedy answer."""
+    from transformers import pipeline
+
+    hay = headprobe.load_haystack().text
+    context = hay[:1500] + needle + hay[1500:2600]
+    pipe = pipeline("kv-press-text-generation", model=smollm2.model, tokenizer=smollm2.tokenizer)
+    theirs = pipe(context, question=question, press=None, max_new_tokens=16)["answer"]
+    tokens = pipe.preprocess(context, [question], "", 100_000)
+    ids = torch.cat([tokens["context_ids"], tokens["questions_ids"][0]], dim=1)
+    ours = headprobe.generate_compressed(smollm2, input_ids=ids, policy="full", max_new_tokens=16)
+    assert ours.texts[0].strip() == theirs.strip()
+    assert theirs.strip()
