@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from headprobe_cli.main import main
+
+from headprobe.runtime import POLICIES
+
+#: snapkv's options as its dataclass declares them (the message lists them in that order).
+SNAPKV_OPTIONS = ", ".join(f.name for f in dataclasses.fields(POLICIES["snapkv"]))
 
 
 def test_generate_rejects_an_option_the_policy_does_not_have(capsys):
     assert main(["generate", "--policy", "snapkv", "--option", "block_size=3", "hello"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [("headprobe: error: policy snapkv: option 'block_size' does not apply "
-                    "(options: window, kernel_size, pooling, adaptive, floor_share)")]
+                    f"(options: {SNAPKV_OPTIONS})")]
 
 
 @pytest.mark.parametrize("option, message", [

@@ -22,6 +22,9 @@ from headprobe.eval.settings import EvalSetting, expand_settings, make_setting, 
 from headprobe.profile import Profile, reduce_groups
 from headprobe.runtime import POLICIES
 
+#: snapkv's options as its dataclass declares them (refusals list them in that order).
+SNAPKV_OPTIONS = ", ".join(f.name for f in dataclasses.fields(POLICIES["snapkv"]))
+
 SMOL = dataclasses.replace(SMOLLM2_IDENTITY, max_context=8192)
 
 
@@ -51,11 +54,11 @@ def test_each_key_goes_to_whichever_declares_it():
 @pytest.mark.parametrize("spec, message", [
     ("headkv-r[window=32,window=8]", "headkv-r[window=32,window=8]: option 'window' given twice"),
     ("headkv-r[beta=1.01,beta=1.5]", "option 'beta' given twice"),
-    ("headkv-r[bogus=1]", ("headkv-r[bogus=1]: option 'bogus' is an option of neither policy snapkv (window, "
-                          "kernel_size, pooling, adaptive, floor_share) nor allocation headkv (beta, temperature, "
+    ("headkv-r[bogus=1]", (f"headkv-r[bogus=1]: option 'bogus' is an option of neither policy snapkv "
+                          f"({SNAPKV_OPTIONS}) nor allocation headkv (beta, temperature, "
                           "reduction, allow_fallback, compat)")),
-    ("snapkv[beta=1.01]", ("option 'beta' is an option of neither policy snapkv (window, kernel_size, pooling, "
-                          "adaptive, floor_share) nor allocation uniform (none)")),
+    ("snapkv[beta=1.01]", (f"option 'beta' is an option of neither policy snapkv ({SNAPKV_OPTIONS}) "
+                          "nor allocation uniform (none)")),
     ("keepkv[beta=1.01]", ("option 'beta' is not an option of policy keepkv (window, threshold, key_merge, "
                           "score_estimator, ema_decay, score_window, kernel_size), and the setting has no allocation")),
     ("pyramid[beta=20]", "option 'beta' is an option of neither policy snapkv"),
