@@ -927,7 +927,43 @@ FLAGS: list[tuple[str, list[Any], str]] = [
     ("plot/format-bogus", ["plot", "@profile", "--format", "gif", "-o", "@d/p.gif"], "refuse"),
     ("inspect/missing-file", ["inspect", "@d/none.json"], "refuse"),
     ("inspect/folder", ["inspect", "@d"], "refuse"),
+    # users' data files and flags that do not apply to them
+    ("profile/contexts-non-utf8", ["profile", "--model", "@tiny", "--contexts", "@badutf8", "--out-dir", "@d/o"],
+     "refuse"),
+    ("profile/contexts-empty", ["profile", "--model", "@tiny", "--contexts", "@empty", "--out-dir", "@d/o"], "refuse"),
+    ("profile/contexts-role-twice", ["profile", "--model", "@tiny", "--contexts", "@qa", "--fields",
+                                     "context=doc,question=q,context=q", "--out-dir", "@d/o"], "refuse"),
+    ("profile/contexts-with-lengths", ["profile", "--model", "@tiny", "--contexts", "@qa", "--lengths", 300,
+                                       "--out-dir", "@d/o"], "refuse"),
+    ("profile/contexts-with-depths", ["profile", "--model", "@tiny", "--contexts", "@qa", "--probe", "query_focus",
+                                      "--depths", 50, "--out-dir", "@d/o"], "refuse"),
+    ("profile/contexts-with-needles", ["profile", "--model", "@tiny", "--contexts", "@qa", "--needles", "r01",
+                                       "--out-dir", "@d/o"], "refuse"),
+    ("profile/contexts-with-gate", ["profile", "--model", "@tiny", "--contexts", "@qa", "--probe", "query_focus",
+                                    "--gate", "likelihood", "--out-dir", "@d/o"], "refuse"),
+    ("eval/dataset-non-utf8", ["eval", "--model", "@tiny", "--task", "dataset", "--dataset", "@badutf8",
+                               "--settings", "full", "--out", "@d/e.json"], "refuse"),
+    ("eval/dataset-empty", ["eval", "--model", "@tiny", "--task", "dataset", "--dataset", "@empty",
+                            "--settings", "full", "--out", "@d/e.json"], "refuse"),
+    ("eval/dataset-role-twice", ["eval", "--model", "@tiny", "--task", "dataset", "--dataset", "@qa", "--fields",
+                                 "context=doc,question=q,context=q", "--settings", "full", "--out", "@d/e.json"],
+     "refuse"),
+    ("eval/dataset-with-lengths", ["eval", "--model", "@tiny", "--task", "dataset", "--dataset", "@qa",
+                                   "--lengths", 300, "--settings", "full", "--out", "@d/e.json"], "refuse"),
+    ("eval/dataset-split-of-a-file", ["eval", "--model", "@tiny", "--task", "dataset", "--dataset", "@qa",
+                                      "--split", "test", "--settings", "full", "--out", "@d/e.json"], "refuse"),
+    ("tune/context-beyond-the-model", ["tune", "--model", SMOL, "--cache-share", "5%", "--context", 10000000,
+                                       "--out", "@d/t.json"], "refuse"),
+    ("tune/babi-with-needle-ids", ["tune", "--model", "@tiny", "--task", "babi", "--needle-ids", "r01",
+                                   "--out", "@d/t.json"], "refuse"),
+    ("tune/resume-and-force", ["tune", "--model", "@tiny", "--resume", "--force", "--out", "@d/t.json"], "refuse"),
+    ("tune/values-task-bogus", ["tune", "--model", "@tiny", "--values", "task=bogus", "--out", "@d/t.json"],
+     "refuse"),
 ]
+
+#: What the data-file placeholders of :data:`FLAGS` hold: QA rows, a row of Latin-1 bytes, an empty file.
+QA_ROWS = [{"id": f"q{i}", "context": f"The blue box holds {i} marbles. " * 3, "question": "How many marbles?",
+            "answer": str(i)} for i in range(3)]
 
 
 def _flag_case(name: str, argv: list[Any], want: str):
@@ -936,6 +972,12 @@ def _flag_case(name: str, argv: list[Any], want: str):
         (d / "file").write_text("x")
         subs = {"@tiny": str(work.tiny()), "@d": str(d), "@file": str(d / "file"), "@profile": str(work.profile()),
                 "@budget": str(work.budget())}
+        subs["@qa"] = str(_write(d / "qa.jsonl", "".join(json.dumps(r) + "\n" for r in QA_ROWS)))
+        subs["@empty"] = str(_write(d / "empty.jsonl", ""))
+        bad = d / "latin1.jsonl"
+        bad.write_bytes(json.dumps(QA_ROWS[0]).encode() + b"\n" + b'{"context": "caf\xe9", "question": "q", '
+                        b'"answer": "caf"}\n')
+        subs["@badutf8"] = str(bad)
         if any(isinstance(a, str) and a == "@long" for a in argv):
             subs["@long"] = str(_write(d / "long.txt", "The river ran past the old mill in the rain. " * 800))
         args = []

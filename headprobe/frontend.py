@@ -48,6 +48,8 @@ _FRONTEND: dict[str, dict[str, str]] = {
         "needle_kinds": "probes.inputs",
         "context_probes": "probes.context_pass",
         "tune_profiles": "tune.runner:found_profiles",
+        "check_tune_space": "tune.space_check:check_space",
+        "ShapeOnly": "tune.space_check",
         "cache_dtype": "tune.memory",
         "model_shape": "explain.model_shape",
         "MAP_ALLOCATION": "eval.settings",

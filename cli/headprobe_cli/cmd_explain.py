@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import headprobe as hp
@@ -115,6 +116,7 @@ def run(args) -> int:
         press_options=frontend.parse_policy_options(args.press_option, "--press-option") if args.press_option else None)
     if "budget" in outputs and ex.source["kind"] == "budget_map":
         raise hp.HeadprobeError(f"--to budget: {args.inputs[0]} is a budget map already")
+    _warn_beyond_context(ex)
     print(hp.format_explanation(ex))
     if "json" in outputs:
         print(f"wrote {ex.save_json(outputs['json'], args.force)}")
@@ -124,3 +126,13 @@ def run(args) -> int:
         path = ex.save_budget(outputs["budget"], args.force)
         print(f"wrote {path}; run it with: {ex.generate_command(path)} PROMPT")
     return 0
+
+
+def _warn_beyond_context(ex) -> None:
+    """One line on stderr when ``--context`` (with the new tokens) is beyond the model's context: the
+    figures are still computed, for a cache no run of the model fills."""
+    m, s = ex.model, ex.setting
+    if m.max_context and s.context + s.max_new_tokens > m.max_context:
+        print(f"headprobe: warning: --context {s.context}: {s.context:,} prompt tokens + {s.max_new_tokens} new "
+              f"tokens are beyond {m.name}'s context of {m.max_context:,} tokens; the figures below are for a "
+              "cache the model cannot fill", file=sys.stderr)

@@ -11,6 +11,7 @@ from headprobe import frontend
 
 from .common_args import (
     LazyChoices,
+    _Unset,
     add_loading_arguments,
     add_prompt_format_arguments,
     add_rerun_arguments,
@@ -19,6 +20,7 @@ from .common_args import (
     rank_note,
     rank_progress,
     resolve_prompt_format,
+    unset,
 )
 from .profile_summary import summary_lines
 from .progress import tqdm_progress
@@ -35,32 +37,6 @@ MERGE_FLAGS = {"merge", "out_dir", "name", "force", "allow_partial"}
 #: Flags that need another: flag destination → (the flag it needs, that flag's destination).
 NEEDS_FLAG = {"stable_k": ("--until-stable", "until_stable"), "stable_jaccard": ("--until-stable", "until_stable"),
               "allow_partial": ("--merge", "merge")}
-
-
-class _Unset:
-    """A flag's default, told apart from the same value typed (``--batch-size 4``)."""
-
-
-class _UnsetInt(_Unset, int):
-    pass
-
-
-class _UnsetFloat(_Unset, float):
-    pass
-
-
-class _UnsetStr(_Unset, str):
-    pass
-
-
-class _UnsetList(_Unset, list):
-    pass
-
-
-def unset(value):
-    """``value`` as a default that :func:`given` knows was not typed (``--help`` shows it as ``value``)."""
-    kinds = {int: _UnsetInt, float: _UnsetFloat, str: _UnsetStr, list: _UnsetList}
-    return kinds[type(value)](value)
 
 
 def given(args, dest: str) -> bool:
@@ -124,7 +100,10 @@ def register(sub, formatter) -> None:
                         "and query_focus (what --probe all means with this flag)")
     p.add_argument("--fields", metavar="ROLE=NAME,...",
                    help="--contexts: field names, e.g. context=document,question=query,answer=answer"
-                        "[,answer_offset=start][,id=key] (default: context, question, answer)")
+                        "[,answer_offset=start][,id=key]; answers is another name of answer (default: context; question, "
+                        "else input; answer, else answers)")
+    p.add_argument("--split", metavar="NAME",
+                   help="--contexts: the split of a folder holding several (default: its only split)")
     p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
     p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
     p.add_argument("--retention-max-tokens", type=int, default=unset(2048), help="layer-retention prompt length cap")
@@ -224,12 +203,14 @@ def _probes(args) -> list[str]:
 
 
 def _context_options(args, probes: list[str], options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
-    """``--contexts`` and ``--fields`` as the options of every requested pass that reads the user's examples."""
+    """``--contexts``, ``--fields`` and ``--split`` as the options of every requested pass that reads the user's
+    examples."""
     kinds = frontend.context_probes()
     readers = list(dict.fromkeys(kinds[k] for k in probes if k in kinds))
     if args.contexts is None:
-        if args.fields is not None:
-            raise headprobe.HeadprobeError("--fields: names the fields of --contexts FILE, which was not given")
+        for flag, value, what in (("--fields", args.fields, "names the fields"), ("--split", args.split, "picks a split")):
+            if value is not None:
+                raise headprobe.HeadprobeError(f"{flag}: {what} of --contexts FILE, which was not given")
         for name in readers:
             if "file" not in options.get(name, {}):
                 asked = [k for k in probes if kinds.get(k) == name]
@@ -245,6 +226,8 @@ def _context_options(args, probes: list[str], options: dict[str, dict[str, str]]
         given.setdefault("file", args.contexts)
         if args.fields is not None:
             given.setdefault("fields", args.fields)
+        if args.split is not None:
+            given.setdefault("split", args.split)
     return options
 
 

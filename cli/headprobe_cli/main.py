@@ -13,9 +13,13 @@ use): a command imports what it needs inside its ``run``, so ``headprobe --help`
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import sys
-from typing import NoReturn
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from typing import NoReturn, TextIO
 
 import headprobe
 from headprobe import frontend
@@ -54,6 +58,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+#: Folders whose warnings are headprobe's own: the library and this command.
+_OWN = tuple(str(Path(m.__file__).resolve().parent) for m in (headprobe, sys.modules[__name__.rpartition(".")[0]]))
+
+
+def _own(filename: str) -> bool:
+    try:
+        return str(Path(filename).resolve()).startswith(_OWN)
+    except (OSError, ValueError):
+        return False
+
+
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """While a command runs, print headprobe's warnings as one line, ``headprobe: warning: ...`` (like its
+    errors), without Python's category and source line; other packages' warnings print as usual. The
+    previous ``warnings.showwarning`` is restored afterwards, so library users see plain Python warnings."""
+    previous = warnings.showwarning
+
+    def show(message: Warning | str, category: type[Warning], filename: str, lineno: int,
+             file: TextIO | None = None, line: str | None = None) -> None:
+        if not _own(filename):
+            previous(message, category, filename, lineno, file, line)
+            return
+        text = str(message).removeprefix("headprobe: ")
+        with contextlib.suppress(OSError):
+            print(f"headprobe: warning: {text}", file=file or sys.stderr)
+
+    with warnings.catch_warnings():
+        warnings.showwarning = show
+        yield
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -62,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(f"headprobe_cli.cmd_{args.command}")
     try:
-        with frontend.flag_spelling(getattr(module, "FLAGS", {})):
+        with frontend.flag_spelling(getattr(module, "FLAGS", {})), one_line_warnings():
             result = args.func(args)
     except headprobe.HeadprobeError as exc:
         if args.debug:

@@ -120,6 +120,10 @@ def put_in_place(tmp: Path, path: Path, overwrite: bool, hint: str = "") -> None
         os.link(tmp, path)
     except FileExistsError:
         remove_quietly(tmp)
+        if path.is_symlink() and not path.exists():
+            from .overwrite import dangling_message
+
+            raise HeadprobeError(dangling_message(path)) from None
         raise HeadprobeError(exists_message(path, hint or "(it was written while this run worked; nothing was "
                                                           "replaced)")) from None
     except OSError as exc:

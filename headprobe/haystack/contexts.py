@@ -1,7 +1,7 @@
 """A user's own examples for profiling: each a context, a question and an answer located in the context.
 
 :func:`read_contexts` reads a JSONL/JSON/CSV/Parquet file or a dataset folder through ``datasets``
-(:func:`~headprobe.eval.datasets.open_dataset`, the reader of ``eval --task dataset``) with configurable
+(:func:`~headprobe.haystack.qa_data.read_rows`, the reader of ``eval --task dataset`` too) with configurable
 field names (:class:`ContextFields`, ``--fields context=...,question=...,answer=...``). An example is
 used when its answer occurs verbatim in its context (the first occurrence, or the one at the given answer
 offset); examples whose answer is not in their context are counted and named in
@@ -15,71 +15,18 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import HeadprobeError, param
+from ..errors import HeadprobeError
 from .context import TrialContext, chars_to_tokens, question_prompt, render_prompt, response_prefix
 from .prompt_format import prompt_format_of
+from .qa_data import ContextFields, QARow, read_rows
 
-#: The roles a field name can be given for, and their defaults.
-FIELD_ROLES = {"context": "context", "question": "question", "answer": "answer", "answer_offset": None, "id": None}
+__all__ = ["ContextExample", "ContextFields", "ContextSet", "DocumentPrompt", "document_prompt", "read_contexts"]
 
 _SENTENCE_END = re.compile(r"[.!?][\"')\]]*\s+|\n\s*\n")
-
-
-@dataclass(frozen=True)
-class ContextFields:
-    """Which field of a row holds what.
-
-    Attributes
-    ----------
-    context, question, answer
-        Field names. The answer field holds a string, a list of strings (the first that occurs in the
-        context is used) or SQuAD's ``{"text": [...], "answer_start": [...]}``.
-    answer_offset
-        Field holding the answer's character offset in the context (which occurrence is meant), or
-        ``None``: the first occurrence.
-    id
-        Field holding the example's id, or ``None``: ``id`` or ``_id`` when the data has one, else the row
-        number.
-    """
-
-    context: str = "context"
-    question: str = "question"
-    answer: str = "answer"
-    answer_offset: str | None = None
-    id: str | None = None
-
-    @classmethod
-    def parse(cls, text: str | Mapping[str, str] | ContextFields | None) -> ContextFields:
-        """``"context=doc,question=q,answer=a"`` (the ``--fields`` flag; roles left out keep their default).
-
-        Raises
-        ------
-        HeadprobeError
-            A part that is not ``ROLE=NAME`` or names an unknown role.
-        """
-        if text is None or isinstance(text, ContextFields):
-            return text or cls()
-        pairs = dict(text) if isinstance(text, Mapping) else {}
-        if isinstance(text, str):
-            for part in (p for p in text.split(",") if p.strip()):
-                role, sep, name = part.partition("=")
-                if not sep or not name.strip():
-                    raise HeadprobeError(f"{param('fields', text)}: expected ROLE=NAME,... with roles "
-                                         f"{', '.join(FIELD_ROLES)}")
-                pairs[role.strip()] = name.strip()
-        for role in pairs:
-            if role not in FIELD_ROLES:
-                raise HeadprobeError(f"{param('fields', text)}: unknown role {role!r}; expected "
-                                     f"{', '.join(FIELD_ROLES)}")
-        return cls(**pairs)
-
-    def to_json(self) -> dict[str, str | None]:
-        return {role: getattr(self, role) for role in FIELD_ROLES}
 
 
 @dataclass(frozen=True)
@@ -132,7 +79,7 @@ class ContextSet:
         Hash of every row's context, question, answer and offset (``sha256:`` + 16 hex digits): the data,
         whatever file format held it.
     fields
-        The field names used.
+        The field names read (each role's field as named, or the default the data has).
     rows
         Rows read.
     examples
@@ -166,7 +113,7 @@ class ContextSet:
 _CACHE: dict[tuple, ContextSet] = {}
 
 
-def read_contexts(source: Any, fields: ContextFields | str | None = None, split: str = "train",
+def read_contexts(source: Any, fields: ContextFields | str | None = None, split: str | None = None,
                   limit: int | None = None, name: str | None = None) -> ContextSet:
     """Read a user's examples.
 
@@ -178,7 +125,8 @@ def read_contexts(source: Any, fields: ContextFields | str | None = None, split:
     fields
         Field names (:class:`ContextFields` or the ``--fields`` text).
     split
-        The split of a folder holding several.
+        The split of a folder holding several; ``None``: its only one
+        (:mod:`~headprobe.haystack.qa_data`'s split rule).
     limit
         Read only the first ``limit`` rows.
     name
@@ -187,140 +135,58 @@ def read_contexts(source: Any, fields: ContextFields | str | None = None, split:
     Raises
     ------
     HeadprobeError
-        One line naming ``contexts`` (and the row and field where it applies): a file that does not exist
-        or cannot be read, a field the data lacks (naming the fields it has), a row whose context, question
-        or answer is missing or empty, an offset that does not point at the answer, ids that repeat, no
-        rows, or no row whose answer is in its context.
+        One line naming ``contexts`` (and the row and field where it applies): whatever
+        :func:`~headprobe.haystack.qa_data.read_rows` refuses (a missing or unreadable file, a text file
+        that is not UTF-8, an empty file, a field the data lacks, an empty context, question or answer,
+        ids that repeat, a folder of several splits and none named), an offset that does not point at the
+        answer, or no row whose answer is in its context.
     """
     fields = ContextFields.parse(fields)
     recorded = name or str(source)
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise HeadprobeError(f"{param('limit', limit)}: expected a positive number of rows")
-    label = str(source)            # messages name the data as it was given
     key = None
-    if isinstance(source, (str, Path)):
-        path = Path(source)
-        if not path.exists() and (path.suffix or path.is_absolute() or str(source).startswith(".")):
-            raise HeadprobeError(f"{param('contexts', str(source))}: no such file or folder")
-        if path.is_file():
-            stat = path.stat()
-            if stat.st_size == 0 or (path.suffix in (".jsonl", ".json", ".csv") and not path.read_bytes().strip()):
-                raise HeadprobeError(f"{param('contexts', label)}: no rows")
-            key = (str(path.resolve()), stat.st_mtime_ns, stat.st_size, fields, split, limit, recorded)
-            if key in _CACHE:
-                return _CACHE[key]
-    from ..eval.datasets import open_dataset
-
-    ds, _ = open_dataset(source, split, what="contexts")
-    columns = list(ds.column_names)
-    wanted = {role: getattr(fields, role) for role in FIELD_ROLES if getattr(fields, role) is not None}
-    missing = {role: f for role, f in wanted.items() if f not in columns}
-    if missing:
-        named = ", ".join(f"{role}={f!r}" for role, f in missing.items())
-        raise HeadprobeError(f"{param('contexts', label)}: no field for {named} (fields: {', '.join(columns) or 'none'}); "
-                             f"name them with {param('fields')} context=NAME,question=NAME,answer=NAME")
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    if len(ds) == 0:
-        raise HeadprobeError(f"{param('contexts', label)}: no rows")
+    if isinstance(source, (str, Path)) and Path(source).is_file():
+        stat = Path(source).stat()
+        key = (str(Path(source).resolve()), stat.st_mtime_ns, stat.st_size, fields, split, limit, recorded)
+        if key in _CACHE:
+            return _CACHE[key]
+    data = read_rows(source, fields, split, limit, what="contexts")
     digest = hashlib.sha256()
     used: list[ContextExample] = []
     skipped: list[str] = []
-    seen: set[str] = set()
-    for i, row in enumerate(ds):
-        example_id = _row_id(row, fields, i, label)
-        if example_id in seen:
-            raise HeadprobeError(f"{param('contexts', label)}: row {i}: id {example_id!r} repeats an earlier row's")
-        seen.add(example_id)
-        context = _text(row, fields.context, i, label)
-        question = _text(row, fields.question, i, label)
-        answers, offsets = _answers(row, fields, i, label)
-        example = _locate(example_id, context, question, answers, offsets, fields, i, label)
-        digest.update(json.dumps([example_id, context, question, answers, offsets]).encode())
+    for row in data.rows:
+        example = _locate(row, data.fields, data.where)
+        digest.update(json.dumps([row.id, row.context, row.question, list(row.answers), list(row.offsets)]).encode())
         if example is None:
-            skipped.append(example_id)
+            skipped.append(row.id)
         else:
             used.append(example)
     if not used:
-        raise HeadprobeError(f"{param('contexts', label)}: no example's answer occurs in its context "
+        raise HeadprobeError(f"{data.where}: no example's answer occurs in its context "
                              f"({len(skipped)} rows); the probes score the answer's place in the context")
-    result = ContextSet(recorded, "sha256:" + digest.hexdigest()[:16], fields, len(ds), tuple(used), tuple(skipped))
+    result = ContextSet(recorded, "sha256:" + digest.hexdigest()[:16], data.fields, len(data.rows), tuple(used),
+                        tuple(skipped))
     if key is not None:
         _CACHE.clear()          # one set kept: the passes of one run read the same file
         _CACHE[key] = result
     return result
 
 
-def _where(label: str, i: int, field: str) -> str:
-    return f"{param('contexts', label)}: row {i}: field {field!r}"
-
-
-def _row_id(row: dict, fields: ContextFields, i: int, label: str) -> str:
-    if fields.id is not None:
-        value = row[fields.id]
-        if value is None or (isinstance(value, str) and not value.strip()):
-            raise HeadprobeError(f"{_where(label, i, fields.id)}: expected an id, found {value!r}")
-        return str(value)
-    for key in ("id", "_id"):
-        if row.get(key) is not None:
-            return str(row[key])
-    return str(i)
-
-
-def _text(row: dict, field: str, i: int, label: str) -> str:
-    value = row[field]
-    if not isinstance(value, str) or not value.strip():
-        raise HeadprobeError(f"{_where(label, i, field)}: expected non-empty text, found {str(value)[:40]!r}")
-    return value
-
-
-def _answers(row: dict, fields: ContextFields, i: int, label: str) -> tuple[list[str], list[int | None]]:
-    """The row's candidate answers and, where given, their offsets."""
-    value = row[fields.answer]
-    offsets: list[int | None]
-    if isinstance(value, dict) and "text" in value:            # SQuAD: {"text": [...], "answer_start": [...]}
-        texts = value["text"] if isinstance(value["text"], list) else [value["text"]]
-        starts = value.get("answer_start")
-        starts = starts if isinstance(starts, list) else [starts] * len(texts)
-        answers, offsets = list(texts), list(starts) + [None] * (len(texts) - len(starts))
-    elif isinstance(value, str):
-        answers, offsets = [value], [None]
-    elif isinstance(value, list):
-        answers, offsets = list(value), [None] * len(value)
-    else:
-        answers, offsets = [], []
-    if not answers or not all(isinstance(a, str) for a in answers) or not any(a.strip() for a in answers):
-        raise HeadprobeError(f"{_where(label, i, fields.answer)}: expected an answer (text or a list of texts), "
-                             f"found {str(value)[:40]!r}")
-    if fields.answer_offset is not None:
-        given = row[fields.answer_offset]
-        given = given if isinstance(given, list) else [given]
-        for k, offset in enumerate(given[:len(answers)]):
-            if offset is None:              # no offset for this row: the first occurrence
-                continue
-            if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
-                raise HeadprobeError(f"{_where(label, i, fields.answer_offset)}: expected a character offset "
-                                     f"(an integer >= 0), found {offset!r}")
-            offsets[k] = offset
-    return answers, offsets
-
-
-def _locate(example_id: str, context: str, question: str, answers: list[str], offsets: list[int | None],
-            fields: ContextFields, i: int, label: str) -> ContextExample | None:
+def _locate(row: QARow, fields: ContextFields, where: str) -> ContextExample | None:
     """The example with its first answer found in the context (at its offset when given), or ``None``."""
-    for answer, offset in zip(answers, offsets, strict=True):
+    context = row.context
+    for answer, offset in zip(row.answers, row.offsets, strict=True):
         if not answer.strip():
             continue
         if offset is not None:
             if context[offset:offset + len(answer)] != answer:
                 field = fields.answer_offset or fields.answer
-                raise HeadprobeError(f"{_where(label, i, field)}: offset {offset} does not point at the answer "
-                                     f"{answer[:40]!r} (the context there reads "
+                raise HeadprobeError(f"{where}: row {row.index}: field {field!r}: offset {offset} does not point "
+                                     f"at the answer {answer[:40]!r} (the context there reads "
                                      f"{context[offset:offset + len(answer)][:40]!r})")
-            return ContextExample(example_id, context, question, answer, offset)
+            return ContextExample(row.id, context, row.question, answer, offset)
         start = context.find(answer)
         if start >= 0:
-            return ContextExample(example_id, context, question, answer, start)
+            return ContextExample(row.id, context, row.question, answer, start)
     return None
 
 

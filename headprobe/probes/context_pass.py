@@ -5,10 +5,12 @@ context; its prompt is the context in place of the haystack, then the question
 (:func:`~headprobe.haystack.contexts.document_prompt`). No needle is inserted: the span scored is where
 the answer already is. The ``contexts`` pass records, per example, Wu et al.'s copy score
 (``context_retrieval``, :func:`~headprobe.probes.head_scores.copy_scores`) and the attention-weight score
-(``context_enhanced_retrieval``, HeadKV-ER) of the answer's tokens, exactly as the retrieval needle pass
-scores a needle's answer: in fast mode the answer (and the sentence up to it) teacher-forced and counted
-when greedy decoding reproduces it, in reference mode greedy decoding step by step; the gate is ROUGE-1
-recall of the answer > 0.5.
+(``context_enhanced_retrieval``, HeadKV-ER) of the answer's tokens at every step of the model's own
+greedy response, as the retrieval needle pass scores a needle's answer; the gate is ROUGE-1 recall of the
+answer in that response > 0.5. Reference mode decodes each example step by step, scoring as it goes; fast
+mode decodes a batch of examples, then teacher-forces the decoded responses in one forward and scores its
+rows at the response positions (the rows of decoding, computed in one pass), so both modes record the same
+response, gate it alike and give the same scores up to float rounding.
 
 The base class :class:`ContextPass` holds what every pass over a user's examples shares (its options,
 reading the data once, the log's settings, sharding, early stopping, checking records, merging) and is
@@ -44,6 +46,7 @@ from .trial_record import trial_gates
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
+    from .fast_mode import FastBatch, VariantResult
     from .inputs import RunInputs
     from .pass_steps import PassPlan, PassRun, RunContext
     from .request import ProfileRequest
@@ -61,14 +64,15 @@ class ContextOptions:
         Field names, ``context=NAME,question=NAME,answer=NAME[,answer_offset=NAME][,id=NAME]``
         (:class:`~headprobe.haystack.contexts.ContextFields`); roles left out keep their defaults.
     split
-        The split of a folder holding several.
+        The split of a folder holding several; ``None``: its only one (``--split``;
+        :mod:`~headprobe.haystack.qa_data`'s split rule, as ``eval --task dataset`` reads a folder).
     limit
         Only the first ``limit`` rows.
     """
 
     file: Path
     fields: str = ""
-    split: str = "train"
+    split: str | None = None
     limit: int | None = None
 
 
@@ -96,6 +100,9 @@ class ContextPass(PassSteps):
     options = ContextOptions
     #: Whether ``--contexts`` feeds it (and ``--probe all`` with ``--contexts`` runs it).
     reads_contexts = True
+    #: The optional request parameters it reads: none of the needle grid's (lengths, depths, seeds, needles,
+    #: haystack, gate), which a request for these passes alone refuses.
+    reads: frozenset[str] | None = frozenset({"group_reduction", "until_stable"})
 
     # ---- before the model loads --------------------------------------------------------------------
 
@@ -119,7 +126,7 @@ class ContextPass(PassSteps):
             if max_context and room > max_context:
                 raise HeadprobeError(f"{param('contexts', data.file)}: example {example.id}: its prompt is "
                                      f"{len(prompt.input_ids)} tokens, beyond the model's context of {max_context} "
-                                     f"tokens{' with the answer' if room > len(prompt.input_ids) else ''}; "
+                                     f"tokens{' with room for the response' if room > len(prompt.input_ids) else ''}; "
                                      f"shorten the context or leave the example out")
         out = {**context.common, "pass": plan.probe_pass.name, "probes": list(plan.probes),
                "contexts": data.data.to_json(), "example_ids": [e.id for e in data.data.examples],
@@ -287,43 +294,114 @@ def record_of(example: ContextExample, prompt: DocumentPrompt, response: str, sc
 @torch.no_grad()
 def run_fast_examples(loaded: Any, data: ContextInput, examples: list[ContextExample], config: NeedleProbeConfig,
                       on_trial: Callable[[dict[str, Any]], None], progress: Any) -> None:
-    """Fast mode: examples teacher-forced in batches of similar length (``config.batch_size``), the tokens
-    their prompts share at the start (the chat template's) computed once per batch; each batch's records go
-    to ``on_trial`` before the next batch starts."""
-    from ..attention import RowRecorder
-    from .fast_mode import build_batch, prompt_step, run_variant
-    from .prompt_cache import batch_cache, prefix_cache
-
+    """Fast mode: examples in batches of similar length (``config.batch_size``), the tokens their prompts
+    share at the start (the chat template's) computed once per batch. Each batch decodes its responses
+    greedily, as reference mode does (:func:`decode_batch`), then teacher-forces them in one forward whose
+    rows at the response positions are scored; the gate is computed on the decoded response. Each batch's
+    records go to ``on_trial`` before the next batch starts."""
     prompts = {e.id: example_prompt(loaded, data, e, config.chat_template) for e in examples}
-    ordered = sorted(examples, key=lambda e: len(prompts[e.id].input_ids))
-    needles = {e.id: example_needle(e) for e in examples}
-    identity = loaded.identity
-    for start in range(0, len(ordered), config.batch_size):
+    lengths = [len(prompts[e.id].input_ids) for e in examples]
+    for batch in example_batches(lengths, config.batch_size, loaded.identity.sliding_window, config.max_new_tokens):
         began = time.perf_counter()
-        members = ordered[start:start + config.batch_size]
-        contexts = [prompts[e.id].context for e in members]
-        shared = min(min(_common_prefix(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
-                     for c in contexts)
-        batch = build_batch(loaded.tokenizer, members, contexts, shared, needles)
-        cache = batch_cache(prefix_cache(loaded.model, contexts[0].input_ids[:shared], loaded.device), shared,
-                            batch.size)
-        with RowRecorder(loaded.model) as rec:
-            step0 = prompt_step(loaded.model, rec, batch, cache, config.split_attention and shared > 0,
-                                identity.num_layers, identity.num_query_heads, loaded.device)
-            results = {name: run_variant(loaded.model, rec, batch, cache, step0, name, config.scores,
-                                         identity.num_layers, identity.num_query_heads, loaded.device)
-                       for name in batch.variant_names}
+        members = [examples[i] for i in batch]
+        responses, result = _run_fast_batch(loaded, [prompts[e.id] for e in members], members, config)
         seconds = (time.perf_counter() - began) / len(members)
         for i, example in enumerate(members):
-            chosen, exact = "gold", results["gold"].reproduced(i)
-            if not exact and "restated" in batch.variants[i] and results["restated"].reproduced(i):
-                chosen, exact = "restated", True
-            response = loaded.tokenizer.decode(results[chosen].greedy[i], skip_special_tokens=True)
-            gates, passed = trial_gates(needles[example.id], response, None, exact)
-            scores = {name: total[i] for name, total in results[chosen].totals.items()}
+            response = loaded.tokenizer.decode(responses[i], skip_special_tokens=True)
+            gates, passed = trial_gates(example_needle(example), response, None, None)
+            scores = {name: total[i] for name, total in result.totals.items()}
             on_trial(record_of(example, prompts[example.id], response, scores, gates, passed, seconds, "fast"))
         if progress:
             progress(len(members))
+
+
+def example_batches(lengths: list[int], batch_size: int, window: int | None, room: int) -> list[list[int]]:
+    """Indices of the examples, by prompt length (``lengths``), in batches of at most ``batch_size``.
+
+    With sliding-window layers (``window`` tokens), prompts of different lengths share a batch only while
+    the longest of them with its response (``room`` tokens) fits in the window: the prompts are
+    right-padded, and the mask of those layers counts cache slots, not positions, so past the window the
+    padding would shift the window of a shorter prompt's response tokens. Longer prompts go in batches of
+    one length, which hold no padding.
+    """
+    batches: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lengths.__getitem__):
+        last = batches[-1] if batches else None
+        if last and len(last) < batch_size and (window is None or lengths[i] == lengths[last[0]]
+                                                or lengths[i] + room <= window):
+            last.append(i)
+        else:
+            batches.append([i])
+    return batches
+
+
+def _run_fast_batch(loaded: Any, prompts: list[DocumentPrompt], members: list[ContextExample],
+                    config: NeedleProbeConfig) -> tuple[list[list[int]], VariantResult]:
+    """One batch of fast mode: the prompt forward, greedy decoding, and the decoded responses teacher-forced
+    and scored. Returns each example's response tokens and the scores of their steps."""
+    from ..attention import RowRecorder
+    from .fast_mode import build_batch, prompt_step, run_variant
+    from .prompt_cache import batch_cache, prefix_cache
+    from .reference_mode import eos_ids
+
+    identity, device = loaded.identity, loaded.device
+    contexts = [p.context for p in prompts]
+    shared = min(min(_common_prefix(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
+                 for c in contexts)
+    batch = build_batch(loaded.tokenizer, members, contexts, shared, {e.id: example_needle(e) for e in members})
+    cache = batch_cache(prefix_cache(loaded.model, contexts[0].input_ids[:shared], device), shared, batch.size)
+    with RowRecorder(loaded.model) as rec:
+        step0 = prompt_step(loaded.model, rec, batch, cache, config.split_attention and shared > 0,
+                            identity.num_layers, identity.num_query_heads, device)
+        rec.request = None
+        responses = decode_batch(loaded.model, batch, cache, step0.logp, config.max_new_tokens, eos_ids(loaded),
+                                 device)
+        batch.variants = [{"response": tokens} for tokens in responses]
+        result = run_variant(loaded.model, rec, batch, cache, step0, "response", config.scores,
+                             identity.num_layers, identity.num_query_heads, device)
+    return responses, result
+
+
+def decode_batch(model: Any, batch: FastBatch, cache: Any, first_logp: torch.Tensor, steps: int, eos: set[int],
+                 device: torch.device) -> list[list[int]]:
+    """Greedy decoding of every prompt of ``batch`` after its prompt forward, by reference mode's rule: at
+    most ``steps`` tokens, an end-of-sequence token ends a response and is not part of it.
+
+    Parameters
+    ----------
+    cache
+        The batch's cache after the prompt forward (``batch.total`` positions, prompts right-padded); the
+        decoded tokens go after it, and it is cut back to ``batch.total`` positions after.
+    first_logp
+        ``[batch, vocab]`` log-probabilities of each response's first token (the prompt forward's).
+
+    Returns
+    -------
+    list[list[int]]
+        Each prompt's decoded tokens, without the end-of-sequence token.
+    """
+    from ..models.cache_argument import with_cache
+    from .prompt_cache import crop_cache
+
+    tokens = first_logp.argmax(dim=-1).tolist()
+    responses: list[list[int]] = [[] for _ in range(batch.size)]
+    live = [True] * batch.size
+    mask = batch.attention
+    for step in range(steps):
+        for b, token in enumerate(tokens):
+            live[b] = live[b] and token not in eos
+            if live[b]:
+                responses[b].append(token)
+        if step == steps - 1 or not any(live):
+            break
+        ids = torch.tensor([[t if alive else batch.pad_id] for t, alive in zip(tokens, live, strict=True)])
+        mask = torch.cat([mask, torch.tensor([[int(alive)] for alive in live])], dim=1)
+        out = model(input_ids=ids.to(device), attention_mask=mask.to(device), use_cache=True,
+                    position_ids=(batch.prompt_len[:, None] + step).to(device), logits_to_keep=1,
+                    **with_cache(model, cache))
+        tokens = out.logits[:, -1].argmax(dim=-1).tolist()
+    crop_cache(cache, batch.total)
+    return responses
 
 
 @torch.no_grad()
@@ -371,12 +449,16 @@ class ContextRetrievalPass(ContextPass):
     runners: ClassVar[Mapping[str, Any]] = {"fast": "context_pass:run_fast_examples",
                                             "reference": "context_pass:run_reference_examples"}
     scores = NeedleScores(weight="context_enhanced_retrieval", copy="context_retrieval")
+    reads = frozenset({"group_reduction", "until_stable", "batch_size", "split_attention"})
 
     def response_room(self, request: ProfileRequest) -> int:
-        return request.max_new_tokens if request.mode == "reference" else 0
+        return request.max_new_tokens                       # both modes decode the response
 
     def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
-        return {"gate": "published", "max_new_tokens": request.max_new_tokens}
+        """The gate and the decoding limit; fast mode also ``"scored": "decoded_response"`` (what it scores),
+        so that a log whose fast-mode records scored teacher-forced forms of the answer is not resumed."""
+        scored = {"scored": "decoded_response"} if request.mode == "fast" else {}
+        return {"gate": "published", "max_new_tokens": request.max_new_tokens, **scored}
 
     def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,
                      progress: Any) -> Callable[[list[ContextExample]], None]:

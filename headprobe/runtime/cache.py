@@ -20,6 +20,7 @@ from transformers.cache_utils import Cache, CacheLayerMixin
 
 from ..errors import HeadprobeError
 from .budget_sources import BudgetSource
+from .decode_room import first_room
 from .policies.base import LayerContext, Policy
 from .shape import SLIDING, CacheShape
 from .store import LayerStore, host_array
@@ -390,8 +391,10 @@ class CompressedCache(Cache):
         for index, lengths in change.lengths.items():
             layer = self.layers[index]
             layer.keep_first(lengths)
-            if change.room is not None:
-                layer.relayout(change.room)
+            if change.room is not None:              # never more up front than a full cache would hold
+                layer.relayout(first_room(np.broadcast_to(host_array(change.room), layer.host_lengths.shape),
+                                          layer.host_lengths, host_array(self.prompt_lengths).repeat(layer.kv_heads),
+                                          self.max_new_tokens))
 
 
 def _stack_layers(per_layer: list[torch.Tensor]) -> torch.Tensor:

@@ -84,7 +84,14 @@ class LayerStore:
         self._peak = torch.zeros_like(self._capacity)
         self._pair_state: dict[str, torch.Tensor] = {}
         self._state_bytes = 0
+        self._limit: tuple[torch.Tensor, np.ndarray] | None = None
         return self
+
+    def set_limit(self, limit: torch.Tensor | np.ndarray) -> None:
+        """The length ``[segments]`` at which :meth:`at_limit` calls a segment full (by default its capacity):
+        a constant-size policy evicts there while its capacity grows from a smaller decode room."""
+        host = host_array(limit).reshape(-1).copy()
+        self._limit = (torch.from_numpy(host).to(self._capacity.device), host)
 
     def release(self) -> None:
         """Free the buffers (the store is empty again, as before :meth:`allocate`)."""
@@ -171,7 +178,8 @@ class LayerStore:
 
     def at_limit(self, limit: torch.Tensor | None = None,
                  host_limit: np.ndarray | None = None) -> tuple[torch.Tensor, np.ndarray]:
-        """Segments whose length reached ``limit`` (default: their capacity), on the device and on the host.
+        """Segments whose length reached ``limit`` (default: :meth:`set_limit`'s, else their capacity), on the
+        device and on the host.
 
         Parameters
         ----------
@@ -184,7 +192,7 @@ class LayerStore:
             ``[segments]`` bool tensor and the same values as a NumPy array (decide with the host one).
         """
         if limit is None:
-            limit, host_limit = self._capacity, self._host_capacity
+            limit, host_limit = getattr(self, "_limit", None) or (self._capacity, self._host_capacity)
         return self._lengths >= limit, self._host_lengths >= host_limit
 
     # ---- views -----------------------------------------------------------------------------------
@@ -309,9 +317,13 @@ class LayerStore:
 
     def ensure_room(self, extra: int) -> None:
         """Make room for ``extra`` more tokens in every segment (re-layout when some segment is full)."""
+        from .decode_room import growth
+
         room = self._host_capacity - self._host_lengths
-        if bool((room < extra).any()):
-            self.relayout(np.clip(room, 0, None) + max(extra, 64))
+        short = room < extra
+        if bool(short.any()):       # a full segment grows by a step (an eighth of it); the others keep their room
+            room = np.clip(room, 0, None)
+            self.relayout(np.where(short, room + growth(self._host_capacity, extra), room), keep_limit=True)
 
     def keep_in_place(self, local_index: torch.Tensor, count: torch.Tensor,
                       host_count: np.ndarray | None = None) -> None:
@@ -391,8 +403,11 @@ class LayerStore:
             buffer = self._pair_state[name]
             buffer[rows] = value.to(buffer.dtype)
 
-    def relayout(self, reserve: torch.Tensor | np.ndarray | int) -> None:
-        """Reallocate tightly: capacity = length + reserve per segment (one copy of the kept pairs)."""
+    def relayout(self, reserve: torch.Tensor | np.ndarray | int, keep_limit: bool = False) -> None:
+        """Reallocate tightly: capacity = length + reserve per segment (one copy of the kept pairs); the limit
+        of :meth:`set_limit` goes too, unless ``keep_limit`` (a segment regrowing its decode room)."""
+        if not keep_limit:
+            self._limit = None
         index, valid = self.view_index()
         reserve_host = np.broadcast_to(host_array(reserve), self._host_lengths.shape)
         keys, values, positions, log_votes = self._keys, self._values, self._positions, self._log_votes

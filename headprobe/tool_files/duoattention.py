@@ -110,8 +110,9 @@ def read_duoattention(folder: str | Path, model: str | ModelIdentity | None = No
         if not isinstance(config, dict):
             raise FileFormatError(cfg_path, None, "expected a JSON object")
     stem = folder.name
-    if model is None and isinstance(config.get("model_name"), str):
-        stem = Path(config["model_name"]).name if stem not in _names() else stem
+    if model is None and isinstance(config.get("model_name"), str) and stem not in _names():
+        model = _known_model(config["model_name"])
+        stem = Path(config["model_name"]).name
     ident = import_identity(tsv, stem, model, kv.shape[0], kv.shape[1], "kv")
     g = ident.group_size
     q = np.repeat(kv, g, axis=1)
@@ -126,6 +127,16 @@ def read_duoattention(folder: str | Path, model: str | ModelIdentity | None = No
 def _names() -> set[str]:
     from .known import FILE_NAMES
     return set(FILE_NAMES)
+
+
+def _known_model(name: str) -> str | None:
+    """The alias of a headprobe model whose id (or alias) is ``name`` (``config.json``'s ``model_name``, as
+    headprobe's own export writes it), else ``None`` (the name is then read as a published file name)."""
+    from ..models.registry import MODELS
+
+    if name in MODELS:
+        return name
+    return next((alias for alias, spec in MODELS.items() if spec.hf_id == name), None)
 
 
 @dataclass(frozen=True)
@@ -280,6 +291,14 @@ def binarise(scores: np.ndarray, threshold: float | None = None, full_share: flo
     return choose_split(s, threshold, full_share).full.astype(np.float64)
 
 
+def binary_note(sparsity: float) -> str:
+    """What a 1/0 export holds: DuoAttention's ``sparsify_attention_heads`` gives its heads at the exported
+    ``sparsity`` only; at any other it cuts through tied values, which its noise orders at random."""
+    return (f"1/0 values: DuoAttention's --sparsity (sparsify_attention_heads) gives these full heads at sparsity "
+            f"{sparsity!r} only; at any other sparsity it picks among the tied 1s or 0s at random (export without "
+            f"{param('binary', True)} for values that rank the heads at any sparsity)")
+
+
 def tsv_text(values: np.ndarray) -> str:
     """One line per layer, one tab-separated value per KV head (a one-KV-head model: one value a line)."""
     v = np.asarray(values, dtype=np.float64)
@@ -355,7 +374,9 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
         ``full_share`` of the heads. Neither: an imported DuoAttention pattern keeps its own cut (above
         0.5), anything else the top :data:`DEFAULT_FULL_SHARE`.
     binary
-        Write 1 for full heads and 0 for the others instead of ranked values.
+        Write 1 for full heads and 0 for the others instead of ranked values. DuoAttention's
+        ``sparsify_attention_heads`` then gives these heads at the exported sparsity only: at another it
+        cuts through tied values and picks among them at random (``config.json``'s ``headprobe.note``).
     exact
         Write the scores as stored (no split, no rescaling): for round trips of imported files.
     reduction
@@ -409,6 +430,8 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
             "split": split.rule, "value": split.value, "full_heads": int(split.full.sum()),
             "streaming_heads": split.streaming, "values": "binary" if binary else "ranked",
             "gap": None if binary else EXPORT_GAP, "margin": None if binary else DUO_MARGIN,
+            "sparsities": [split.sparsity] if binary else "any",
+            **({"note": binary_note(split.sparsity)} if binary else {}),
             "source": ({"kind": "budget_map", "allocator": source.method.get("allocator"),
                         "sources": source.method.get("sources", [])} if isinstance(source, BudgetMap)
                        else {"kind": source.kind, "fingerprint": source.fingerprint}),
@@ -424,5 +447,5 @@ def _what(source: Profile | BudgetMap) -> str:
 
 
 __all__ = ("DEFAULT_FULL_SHARE", "DUO_CUT", "DUO_MARGIN", "DUO_NOISE", "EXPORT_GAP", "DuoSplit", "binarise",
-           "choose_split", "consumer_warnings", "duo_scores", "export_scores", "pattern_window", "ranked_pattern",
-           "read_duoattention", "read_tsv", "write_duoattention")
+           "binary_note", "choose_split", "consumer_warnings", "duo_scores", "export_scores", "pattern_window",
+           "ranked_pattern", "read_duoattention", "read_tsv", "write_duoattention")

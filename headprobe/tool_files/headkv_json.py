@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FileFormatError
+from ..errors import FileFormatError, HeadprobeError
 from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
 from ..files.overwrite import check_overwrite
 from ..models.identity import ModelIdentity
@@ -112,9 +112,25 @@ def _mean(values: list[float]) -> float:
 
 
 def headkv_json_text(profile: Profile) -> str:
-    """The one-line JSON text of a profile's query-head scores, layer-major."""
+    """The one-line JSON text of a profile's query-head scores, layer-major.
+
+    Raises
+    ------
+    HeadprobeError
+        A profile without head scores, or with a negative one (below the noise of imported learned gates):
+        HeadKV's and KVCache-Factory's allocation would give that head less than the floor every head
+        keeps, and headprobe's own ``allocate`` refuses the file this would write.
+    """
+    from ..allocation.common import check_head_scores
+
     if profile.query_heads is None:
         raise FileFormatError("<profile>", "scores", "a layer-retention profile has no head scores to export")
+    try:
+        check_head_scores(profile)
+    except HeadprobeError as exc:
+        raise HeadprobeError(f"{exc}; not exported: HeadKV splits its budget by these scores, and a negative one "
+                             "gives its head less than the floor every head keeps (allocate refuses the profile "
+                             "too)") from None
     out = {f"{layer}-{h}": [float(s)] for layer, row in enumerate(profile.query_heads) for h, s in enumerate(row)}
     return json.dumps(out, allow_nan=False)
 

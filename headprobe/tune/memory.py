@@ -97,6 +97,22 @@ def _uniform_bytes(identity: ModelIdentity, capacity: int, setting: Any) -> tupl
     return int(runtime.bytes_prefill), explanation
 
 
+def check_context(target: MemoryTarget, identity: ModelIdentity) -> None:
+    """Refuse a target at a context the model cannot hold (its prompt and new tokens beyond
+    ``identity.max_context``): the share or bytes would be of a cache no run of the model fills.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the context, the new tokens and the model's context.
+    """
+    room = target.context + target.max_new_tokens
+    if identity.max_context and room > identity.max_context:
+        raise HeadprobeError(f"{param('context', target.context)}: {target.context:,} prompt tokens + "
+                             f"{target.max_new_tokens} new tokens ({param('max_new_tokens')}) exceed {identity.name}'s "
+                             f"context of {identity.max_context:,} tokens; give a context the model can hold")
+
+
 def capacity_for(target: MemoryTarget, identity: ModelIdentity) -> tuple[int, dict[str, Any]]:
     """The most tokens per KV head whose runtime cache fits ``target``, and how it was found.
 
@@ -108,9 +124,12 @@ def capacity_for(target: MemoryTarget, identity: ModelIdentity) -> tuple[int, di
     Raises
     ------
     HeadprobeError
-        A target below what one token per head allocates, or above a full cache at the context.
+        A context beyond the model's, a target below what one token per head allocates, or above a full
+        cache at the context.
     """
     from ..explain.setting import Setting
+
+    check_context(target, identity)
 
     setting = Setting(target.context, target.batch, target.dtype, target.max_new_tokens)
     full = _uniform_bytes(identity, target.context, setting)[1].full_bytes()

@@ -62,6 +62,7 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
     from ..files.jsonio import check_writable_dir
     from ..files.overwrite import check_overwrite
     from .runner import runs_dir
+    from .takeover import staging_dir
 
     out = Path(out)
     check_writable_dir(out.parent if str(out.parent) else Path("."))
@@ -73,6 +74,11 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
     if folder.is_dir() and any(folder.iterdir()) and not (resume or force):
         raise HeadprobeError(f"{folder}: a tune run's eval logs are there; pass {param('resume', True)} to continue "
                              f"it or {param('force', True)} to start over")
+    staging = staging_dir(folder)
+    if staging.is_dir() and any(staging.iterdir()) and not (resume or force):
+        raise HeadprobeError(f"{staging}: the eval logs of a forced tune run that has not replaced {folder.name} yet "
+                             f"are there; pass {param('resume', True)} to continue it or {param('force', True)} to "
+                             "start over")
     if force:
         return
     mine: set[Path] = set()

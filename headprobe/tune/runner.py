@@ -45,6 +45,7 @@ from .space import (
     selections,
 )
 from .split import Split
+from .takeover import finish_staging, start_folder
 
 #: ``progress(description, total)`` → a callable advanced by the trials just finished.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -231,7 +232,9 @@ class TuneRuns:
     def __init__(self, lm: Any, request: TuneRequest, out: str | Path, ranks: Any, resume: bool, force: bool,
                  progress: ProgressFactory | None) -> None:
         self.lm, self.request, self.ranks = lm, request, ranks
-        self.folder = runs_dir(out)
+        self.out = Path(out)
+        # a forced run over an earlier one stages its runs until the first is logged (headprobe.tune.takeover)
+        self.folder, self.staged = start_folder(runs_dir(out), resume, force, ranks.is_main)
         self.resume, self.force, self.progress = resume, force, progress
         self.store = TrialStore()
         self.records: list[RunRecord] = []
@@ -262,6 +265,7 @@ class TuneRuns:
                                   req.share_prefill)
             result = run_eval_on_ranks(self.lm, request, path, self.ranks, resume=self.resume, force=self.force,
                                        progress=advance)
+        self.folder, self.staged = finish_staging(self.ranks, self.out, self.folder, self.staged)
         cells = share_from_main(self.ranks, result.cells)
         self.store.add_cells(cells)
         trials = sum(len(c["trials"]) for c in cells)
@@ -528,9 +532,10 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
 
     held = list(request.split.holdout)
     holdout_skipped: dict[str, str] = {}
+    full = expand_settings(["full"], list(request.capacities))         # the full cache is always held out
     presets = _checked(lm, request, expand_settings(list(request.presets), list(request.capacities)), windows,
                        holdout_skipped)
-    holdout = dedupe([*presets, *chosen.values()])
+    holdout = dedupe([*full, *presets, *chosen.values()])
     same = {canonical(s): s.label for s in holdout}
     held_as = {cap: same[canonical(c)] for cap, c in chosen.items()}     # a preset's label when it is one
     _ensure(runs, "holdout", holdout, held)

@@ -33,7 +33,7 @@ def test_load_from_dataset_file_and_folder(tmp_path):
 
 
 def test_missing_fields_name_what_exists(tmp_path):
-    with pytest.raises(HeadprobeError, match="no field 'question'.*fields: context, input, answers"):
+    with pytest.raises(HeadprobeError, match="no field for question='question'.*fields: context, input, answers"):
         load_qa_dataset(_dataset(), question_field="question")
     (tmp_path / "bad.txt").write_text("x")
     with pytest.raises(HeadprobeError, match="expected a .json"):
@@ -75,7 +75,7 @@ def test_eval_command_one_line_errors(tiny_dir, tmp_path, capsys):
                           (["--settings", "snapkv", "--option", "nosuch=1"], "nosuch"),
                           (["--settings", "full", "--lengths", "9000"], "beyond the model's context"),
                           (["--settings", "headkv-r2"], "no retrieval_reasoning profile of"),
-                          (["--task", "dataset", "--dataset", str(tmp_path / "none.jsonl")], "cannot load")]:
+                          (["--task", "dataset", "--dataset", str(tmp_path / "none.jsonl")], "none.jsonl: no such file or folder")]:
         assert main(base + extra) == 2, extra
         lines = [x for x in capsys.readouterr().err.splitlines() if "headprobe: error:" in x]
         assert len(lines) == 1 and lines[0].startswith("headprobe: error:") and expect in lines[0], lines

@@ -62,12 +62,13 @@ def test_explained_bytes_and_tokens_are_the_runtimes(make, method, policy, optio
     cache = _run(lm, bm, policy, options, batch, new)
     row = runtime_allocation(bm, lm.identity, Setting(PROMPT, batch, "float32", new), policy, options)
     assert row.runs
-    assert row.bytes_prefill == row.bytes_end == cache.memory_bytes()
+    assert row.bytes_end == cache.memory_bytes()                 # the decode room regrows as the runtime's does
+    assert row.bytes_prefill <= row.bytes_end
     for b in range(batch):
         assert (cache.peak_tokens()[b].numpy() == np.maximum(row.held, row.held_end)).all()
         assert (cache.kept_tokens()[b].numpy() == row.held_end).all()
     if new == 1:
-        assert (row.held_end == row.held).all()
+        assert (row.held_end == row.held).all() and row.bytes_prefill == row.bytes_end
 
 
 def test_a_rescaled_map_is_the_one_generate_capacity_runs():

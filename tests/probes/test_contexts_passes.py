@@ -20,11 +20,11 @@ from headprobe import (
     merge_profile_logs,
     run_profile,
 )
-from headprobe.haystack.context import response_tokens
 from headprobe.haystack.contexts import document_prompt, read_contexts
-from headprobe.probes.context_pass import ContextInput, example_needle
+from headprobe.probes.context_pass import ContextInput
 from headprobe.probes.head_scores import copy_scores, reasoning_scores
 from headprobe.probes.query_focus_pass import evidence_scores, query_focus_record
+from headprobe.probes.reference_mode import eos_ids
 from tests.conftest import _TINY_TEXT
 
 torch.set_num_threads(1)
@@ -97,6 +97,17 @@ def _records(path):
     return {r["trial"]: r for r in (json.loads(x) for x in path.read_text().splitlines()[1:])}
 
 
+def _greedy(loaded, ids: list[int], steps: int) -> list[int]:
+    """Greedy decoding by one forward over the whole sequence per token, up to ``steps`` tokens or end of sequence."""
+    eos, out = eos_ids(loaded), []
+    for _ in range(steps):
+        token = int(loaded.model(input_ids=torch.tensor([ids + out])).logits[0, -1].argmax())
+        if token in eos:
+            break
+        out.append(token)
+    return out
+
+
 def test_retrieval_scores_equal_a_direct_computation_in_any_batch(tiny_llama, tmp_path):
     path = examples_file(tmp_path, 5)
     logs = {}
@@ -111,24 +122,25 @@ def test_retrieval_scores_equal_a_direct_computation_in_any_batch(tiny_llama, tm
         for kind in ("context_retrieval", "context_enhanced_retrieval"):
             assert torch.allclose(torch.tensor(one["scores"][kind]), torch.tensor(logs[3][trial]["scores"][kind]),
                                   atol=1e-5), (trial, kind)
-    # the direct computation: the gold answer teacher-forced after the prompt, eager attention rows of the
-    # positions that predict its tokens (the tiny random model reproduces no answer, so gold is scored)
+    # the direct computation: the model's greedy response, decoded one full forward per token, then eager
+    # attention rows of the positions that predict its tokens
     data = read_contexts(path)
     tok = tiny_llama.tokenizer
     for example in data.examples:
         prompt = document_prompt(tok, example, False)
         ids = prompt.input_ids
-        gold = response_tokens(tok, prompt.context, example_needle(example).answer)  # after the cue
-        attn = _eager_attention(tiny_llama.model, ids + gold[:-1])
+        response = _greedy(tiny_llama, ids, 24)
+        assert logs[1][example.id]["response"] == tok.decode(response, skip_special_tokens=True)
+        attn = _eager_attention(tiny_llama.model, ids + response[:-1])
         start, end = prompt.context.answer_span
-        steps = torch.arange(len(ids) - 1, len(ids) - 1 + len(gold))
-        keys = torch.arange(len(ids) + len(gold) - 1)
+        steps = torch.arange(len(ids) - 1, len(ids) - 1 + len(response))
+        keys = torch.arange(len(ids) + len(response) - 1)
         for layer in range(tiny_llama.identity.num_layers):
             rows = attn[layer][:, steps][None]                                # [1, heads, steps, keys]
             span = (torch.tensor([start]), torch.tensor([end]))
-            mask = torch.ones(1, len(gold), dtype=torch.bool)
+            mask = torch.ones(1, len(response), dtype=torch.bool)
             er = reasoning_scores(rows, keys, *span, mask)[0]
-            cp = copy_scores(rows, keys, *span, torch.tensor([gold]), mask, torch.tensor([ids]))[0]
+            cp = copy_scores(rows, keys, *span, torch.tensor([response]), mask, torch.tensor([ids]))[0]
             record = logs[1][example.id]["scores"]
             assert record["context_enhanced_retrieval"][layer] == pytest.approx(er.tolist(), abs=2e-6)
             assert record["context_retrieval"][layer] == pytest.approx(cp.tolist(), abs=1e-9)

@@ -16,6 +16,9 @@ from headprobe.probes.pass_steps import PassSteps
 from headprobe.probes.plan import check_profile_run
 
 NEEDLE_PROBES = "the retrieval, enhanced_retrieval or retrieval_reasoning probes only"
+#: Parameters the passes over a user's examples read too.
+HEAD_PROBES = ("the retrieval, enhanced_retrieval, retrieval_reasoning, context_retrieval, context_enhanced_retrieval "
+               "or query_focus probes only")
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -35,8 +38,8 @@ NEEDLE_PROBES = "the retrieval, enhanced_retrieval or retrieval_reasoning probes
     ({"probes": ["layer_retention"], "seeds": [1]}, f"seeds: applies to {NEEDLE_PROBES}"),
     ({"probes": ["layer_retention"], "needle_ids": ["r01"]}, f"needle_ids: applies to {NEEDLE_PROBES}"),
     ({"probes": ["layer_retention"], "haystack": "book.txt"}, f"haystack: applies to {NEEDLE_PROBES}"),
-    ({"probes": ["layer_retention"], "group_reduction": "max"}, f"group_reduction: applies to {NEEDLE_PROBES}"),
-    ({"probes": ["layer_retention"], "until_stable": StopRule()}, f"until_stable: applies to {NEEDLE_PROBES}"),
+    ({"probes": ["layer_retention"], "group_reduction": "max"}, f"group_reduction: applies to {HEAD_PROBES}"),
+    ({"probes": ["layer_retention"], "until_stable": StopRule()}, f"until_stable: applies to {HEAD_PROBES}"),
 ])
 def test_parameters_that_would_not_take_effect_are_refused(kwargs, message):
     request = ProfileRequest(**{"probes": ["retrieval", "retrieval_reasoning"], **kwargs})

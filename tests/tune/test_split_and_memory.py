@@ -68,11 +68,11 @@ def _bytes(capacity: int, context: int, identity: ModelIdentity = SMOLLM2_IDENTI
 def test_a_byte_target_gives_the_largest_capacity_that_fits():
     cap, record = capacity_for(MemoryTarget(4000, bytes=4 * 2**20, dtype="float32"), SMOLLM2_IDENTITY)
     assert _bytes(cap, 4000) <= 4 * 2**20 < _bytes(cap + 1, 4000)
-    # by hand: 30 layers x 3 KV heads, (cap + 24 decode rows) x (2 x 64 x 4 + 4 position) bytes, 1 spare row and
-    # 3 x 8 metadata bytes per segment, per layer
-    per_layer = (3 * (cap + 24) + 1) * (2 * 64 * 4 + 4) + 3 * 24
+    # by hand: 30 layers x 3 KV heads, (cap + 23 decode rows: the 24th new token is never fed back) x
+    # (2 x 64 x 4 + 4 position) bytes, 1 spare row and 3 x 8 metadata bytes per segment, per layer
+    per_layer = (3 * (cap + 23) + 1) * (2 * 64 * 4 + 4) + 3 * 24
     assert record["capacity_bytes"] == 30 * per_layer == _bytes(cap, 4000)
-    assert record["capacity"] == cap == 65
+    assert record["capacity"] == cap == 66
 
 
 def test_a_share_target_is_a_share_of_the_full_cache_at_the_context():

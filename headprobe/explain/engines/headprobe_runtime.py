@@ -8,10 +8,12 @@ The arithmetic follows the runtime step by step (nothing here runs a model):
 - kept tokens: the policy's selection keeps ``max(min(budget, N), min(N, window))`` a head
   (:func:`~headprobe.runtime.policies.base.window_and_topk`); a sliding-window layer keeps
   ``min(sliding_window - 1, N)`` (:class:`~headprobe.runtime.policies.sliding.SlidingWindow`);
-- decode room: each head's segment is allocated ``kept + reserve`` rows at prefill
-  (:meth:`~headprobe.runtime.policies.base.Policy.build_store`): ``reserve = max_new_tokens`` for the
-  scorer policies (``snapkv``), ``min(budget, kept + max_new_tokens) - kept`` for ``streaming`` (its cache
-  never grows), ``max(sliding_window - kept, 1)`` on sliding-window layers;
+- decode room: the policy asks for ``reserve`` rows a head (:meth:`~headprobe.runtime.policies.base.Policy.reserve`):
+  ``max_new_tokens`` for the scorer policies (``snapkv``), ``min(budget, kept + max_new_tokens) - kept`` for
+  ``streaming`` (its head never holds more), ``max(sliding_window - kept, 1)`` on sliding-window layers; the
+  segment is allocated ``kept`` plus at most ``max_new_tokens - 1`` of them and at most the prompt tokens the
+  head dropped or an eighth of what it keeps (at least 8), and regrows by an eighth when decoding fills it
+  (:mod:`~headprobe.runtime.decode_room`), so the bytes at the end may exceed those at prefill;
 - bytes: one :class:`~headprobe.runtime.store.LayerStore` a layer holds ``rows = Σ capacity + 1`` (one
   spare row) keys and values of ``head_dim`` elements, an int32 position per row, and three int64
   metadata entries (offsets, lengths, capacity) per segment — what ``LayerStore.memory_bytes`` counts.
@@ -26,6 +28,7 @@ import numpy as np
 from ...budget_map import BudgetMap
 from ...errors import HeadprobeError
 from ...models.identity import ModelIdentity
+from ...runtime.decode_room import first_room, grown_capacity
 from ..setting import Setting
 from .allocation import EngineAllocation
 
@@ -123,33 +126,38 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
     window = min(n, pol.window)
     held = np.empty_like(budgets)
     held_end = np.empty_like(budgets)
-    total = 0
+    total = total_end = 0
     for layer, kind in enumerate(model.layer_types):
-        b = budgets[layer]
-        if kind == "sliding_attention":
-            sw = int(model.sliding_window)
-            kept = np.full_like(b, min(sw - 1, n))
-            cap = kept + np.maximum(sw - kept, 1)
-            end = np.minimum(kept + setting.appended, cap)
-        else:
-            kept = np.maximum(np.minimum(b, n), window)
-            if policy == "streaming":
-                limit = np.minimum(b, kept + m)
-                cap = kept + np.maximum(limit - kept, 0) + (limit == 0)
-                end = np.minimum(kept + setting.appended, cap)
-            else:
-                cap = kept + m
-                end = kept + setting.appended
+        kept, asked = _kept_and_asked(budgets[layer], kind, model, n, m, window, policy)
+        limit = kept + asked                              # where a constant-size head evicts
+        end = np.minimum(kept + setting.appended, limit) if policy == "streaming" or kind == "sliding_attention" \
+            else kept + setting.appended
+        cap = kept + first_room(asked, kept, n, m)
         held[layer], held_end[layer] = kept, end
         total += store_bytes(cap, model.head_dim, setting.element_bytes, setting.batch)
+        total_end += store_bytes(grown_capacity(cap, end), model.head_dim, setting.element_bytes, setting.batch)
     notes = []
     if policy == "streaming":
         notes.append("streaming keeps each head at its budget while decoding (the oldest token after the sink "
                      "leaves for each new one), so no decode room is allocated")
     if "sliding_attention" in model.layer_types:
         notes.append(f"sliding-window layers keep their window ({model.sliding_window} tokens) whatever the map says")
-    return EngineAllocation("headprobe", command, True, "kv_head", held, held_end, held.copy(), total, total, True,
+    return EngineAllocation("headprobe", command, True, "kv_head", held, held_end, held.copy(), total, total_end, True,
                             notes, CITES)
+
+
+def _kept_and_asked(b: np.ndarray, kind: str, model: ModelIdentity, n: int, m: int, window: int,
+                    policy: str) -> tuple[np.ndarray, np.ndarray]:
+    """A layer's kept prompt tokens per head and the decode room its policy asks for (``Policy.reserve``)."""
+    if kind == "sliding_attention":
+        sw = int(model.sliding_window)
+        kept = np.full_like(b, min(sw - 1, n))
+        return kept, np.maximum(sw - kept, 1)
+    kept = np.maximum(np.minimum(b, n), window)
+    if policy == "streaming":
+        limit = np.minimum(b, kept + m)
+        return kept, np.maximum(limit - kept, 0) + (limit == 0)
+    return kept, np.full_like(kept, m)
 
 
 __all__ = ("RUNTIME_POLICIES", "MapWindow", "generate_command", "resolved_budgets", "runtime_allocation",

@@ -336,8 +336,13 @@ class Policy:
                     log_votes: torch.Tensor | None = None) -> LayerStore:
         """Allocate the layer's store (the kept pairs plus the decode room of :meth:`reserve`) and gather the
         selected prompt pairs into it; returns it."""
-        capacity = selection.count + self.reserve(ctx, selection.count)
-        store = ctx.allocate(capacity, votes=self.uses_votes)
+        from ..decode_room import decode_room
+
+        asked = self.reserve(ctx, selection.count)
+        room = decode_room(asked, selection.count, ctx.prompt_lengths, ctx.kv_heads,
+                           ctx.max_new_tokens)          # never more up front than a full cache would hold
+        store = ctx.allocate(selection.count + room, votes=self.uses_votes)
+        store.set_limit(selection.count + asked)        # where a constant-size policy evicts (the room regrows)
         store.write_selection(ctx.keys, ctx.values, ctx.positions, selection, log_votes)
         return store
 

@@ -60,7 +60,7 @@ def test_the_cache_applies_what_the_hook_returns(tiny_llama, replayed):
     assert kept[last].unique().tolist() == [CAPACITY + NEW - 1]       # the last layer is not cut
     assert peak[:last].unique().tolist() == [CAPACITY]                # what they held before the cut
     for layer in cache.layers[:last]:
-        assert layer.capacity.unique().tolist() == [KEEP + NEW]       # re-laid out with the decode room
+        assert layer.capacity.unique().tolist() == [KEEP + NEW - 1]   # the decode room: the last new token is never fed back
         view = layer.padded()
         first = view["positions"][:, :KEEP]                           # the oldest of the prompt, kept first
         assert first.tolist() == [list(range(KEEP))] * layer.segments
