@@ -39,6 +39,9 @@ def summarize_file(path: str | Path, top: int = 10) -> list[str]:
     path = Path(path)
     if path.suffix == ".jsonl":
         return _summarize_log(path)
+    obj = read_json(path)
+    if isinstance(obj, dict) and obj.get("format") == "headprobe.layer_split":
+        return _summarize_split(path)
     loaded = load_file(path)
     if isinstance(loaded, Profile):
         return _summarize_profile(loaded, path, top)
@@ -127,9 +130,24 @@ def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
     return [
         f"{path}: headprobe budget map v1, granularity {budget.granularity}, created {budget.created}",
         _model_line(budget.model),
-        "method     " + ", ".join(f"{k}={v}" for k, v in m.items() if k != "sources" and v is not None),
+        "method     " + ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("sources", "split") and v is not None),
         f"totals     {budget.total} tokens; per head min {flat[0]}, median {flat[len(flat) // 2]}, max {flat[-1]}",
         "per layer  " + " ".join(str(x) for x in budget.per_layer),
+    ]
+
+
+def _summarize_split(path: Path) -> list[str]:
+    """A layer split (``headprobe.layer_split``): its engine, global layers, windows and bytes."""
+    from .allocation.layer_split import LayerSplit
+
+    split = LayerSplit.load(path)
+    windows = sorted({w for w in split.layers if w != "global"})
+    kept, full = split.kept_bytes(), split.full_bytes()
+    return [
+        f"{path}: headprobe layer split v1 for {split.engine}, created {split.created}",
+        _model_line(split.model),
+        f"layers     global {split.global_layers}; local windows {windows}, sink {split.sink}",
+        f"keeps      {kept:,} of {full:,} bytes ({kept / full:.1%}) at {split.context} tokens ({split.dtype})",
     ]
 
 

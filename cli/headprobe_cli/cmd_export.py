@@ -11,7 +11,9 @@ from headprobe import frontend
 
 from .common_args import add_force_argument
 
-TARGETS = ("duoattention", "headkv", "layers", "kvpress-layers")
+TARGETS = ("duoattention", "headkv", "layers", "kvpress-layers", "vllm", "tensorrt-llm", "llama.cpp")
+#: Targets that take a layer split (a split file, or a map of `allocate --method layer_split`).
+SPLIT_TARGETS = ("vllm", "tensorrt-llm", "llama.cpp")
 
 
 def register(sub, formatter) -> None:
@@ -19,11 +21,13 @@ def register(sub, formatter) -> None:
         "export", help="export a profile or budget map for other engines", formatter_class=formatter,
         description="Export to a DuoAttention pattern folder (full_attention_heads.tsv + config.json), a "
                     "HeadKV / Retrieval_Head score JSON, a per-layer budget list, or per-layer removal ratios "
-                    "for kvpress' PerLayerCompressionPress. See docs/interop.md for what each engine reads.",
+                    "for kvpress' PerLayerCompressionPress; a layer split as vLLM hf_overrides, TensorRT-LLM "
+                    "KvCacheConfig fields or llama.cpp GGUF metadata. See docs/interop.md for what each engine reads.",
         epilog="examples:\n  headprobe export profiles/smollm2-135m.retrieval_reasoning.json --to duoattention "
                "--full-share 0.25 -o duo/\n  headprobe export budgets/x.json --to duoattention -o duo/\n"
                "  headprobe export budgets/x.json --to layers -o layers.json\n"
-               "  headprobe export budgets/x.json --to kvpress-layers --prompt-len 2048 -o ratios.json")
+               "  headprobe export budgets/x.json --to kvpress-layers --prompt-len 2048 -o ratios.json\n"
+               "  headprobe export split.json --to vllm -o vllm_overrides.json   # a layer split (docs/interop.md)")
     p.add_argument("input", help="headprobe profile or budget file")
     p.add_argument("--to", required=True, choices=TARGETS, help="target format")
     p.add_argument("-o", "--output", required=True, help="output file (folder for duoattention)")
@@ -46,6 +50,8 @@ def register(sub, formatter) -> None:
 
 
 def run(args) -> int:
+    if args.to in SPLIT_TARGETS:
+        return _run_split(args)
     src = hp.load_file(args.input)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -73,4 +79,19 @@ def run(args) -> int:
         print(f"{info.get('full_heads')} full and {info.get('streaming_heads')} streaming KV heads; sparsity "
               f"{cfg['sparsity']!r} (DuoAttention --sparsity, kvpress head_compression_ratio), sink_size "
               f"{cfg['sink_size']}, recent_size {cfg['recent_size']}")
+        if info.get("note"):
+            print(info["note"])
+    return 0
+
+
+def _run_split(args) -> int:
+    """``--to vllm|tensorrt-llm|llama.cpp``: a split file or a layer-split budget map, as the engine reads it."""
+    obj = frontend.read_json(args.input)
+    fmt = obj.get("format") if isinstance(obj, dict) else None
+    src = hp.LayerSplit.load(args.input) if fmt == "headprobe.layer_split" else hp.load_file(args.input)
+    out = hp.write_engine_split(src, args.to, args.output, force=args.force)
+    kept = frontend.read_json(out)["keeps"]
+    print(f"wrote {Path(out)}")
+    print(f"{args.to} keeps {kept['bytes']:,} of {kept['full_bytes']:,} bytes ({kept['share']:.1%}) at "
+          f"{kept['context']} tokens; global layers {kept['global_layers']}")
     return 0

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
     if setting is None:
         options = frontend.parse_policy_options(args.option)
         policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
-        budget = headprobe.BudgetMap.load(args.budget) if args.budget else None
+        budget = headprobe.load_budget_file(args.budget) if args.budget else None   # a budget map or a layer split
     headprobe.set_kernel_backend(args.kernels)
     lm = load_model(args)
     form = resolve_prompt_format(args, lm.tokenizer)
@@ -157,6 +157,19 @@ def run(args: argparse.Namespace) -> int:
     used = cache.memory_bytes()
     print(f"cache: {_mib(used)} ({args.policy}, {int(kept.sum())} tokens kept over {kept[0].numel()} KV heads, "
           f"{int(kept.min())}-{int(kept.max())} per head) vs full cache {_mib(full)} "
-          f"for {prompt_len} prompt + {res.new_tokens.shape[1]} new tokens: {used / max(full, 1):.1%}",
-          )
+          f"for {prompt_len} prompt + {res.new_tokens.shape[1]} new tokens: {used / max(full, 1):.1%}"
+          + (f" ({_why_above_full(cache)})" if used > full else ""))
     return 0
+
+
+def _why_above_full(cache) -> str:
+    """Why a compressed cache holds more bytes than the full cache of the same tokens, in a few words."""
+    stores = [s for s in cache.stores if s is not None]
+    held = sum(int(s.host_lengths.sum()) for s in stores)
+    room = sum(int(s.host_capacity.sum()) for s in stores) - held
+    seen = stores[0].batch * stores[0].kv_heads * len(stores) * cache.layers[0].seen
+    dropped = max(seen - held, 0)
+    what = ("the budget is no smaller than this prompt, so every head keeps all of it" if dropped == 0 else
+            f"the budget drops only {dropped} of {seen} tokens over all heads")
+    return (f"above the full cache: {what}, and the compressed cache adds a position per token, a spare row per "
+            f"layer and {room} rows of decode room not used by this answer")

@@ -52,6 +52,9 @@ class Allocator:
         per entry of ``needs``, ``capacity`` the :class:`~.options.CapacityOptions` and ``options`` an
         instance of :attr:`options`. The map's ``method`` block records every option (under
         :attr:`~.options.OptionInfo.record`).
+    policy
+        The one runtime policy its maps run under (a layer split: ``layer_window``), ``None`` for any; a
+        method with one is left out of ``headprobe tune``'s default space.
     """
 
     name: str
@@ -59,6 +62,7 @@ class Allocator:
     description: str
     options: type[AllocatorOptions]
     run: Run
+    policy: str | None = None
 
     @property
     def default_kinds(self) -> tuple[str, ...]:

@@ -15,12 +15,15 @@ from .combined import ALLOCATOR as COMBINED
 from .dynamickv_offline import ALLOCATOR as DYNAMICKV
 from .headkv import ALLOCATOR as HEADKV
 from .headkv import DEFAULT_BETA
+from .layer_split_methods import HEADS_ALLOCATOR as LAYER_SPLIT_HEADS
+from .layer_split_methods import RETENTION_ALLOCATOR as LAYER_SPLIT
 from .options import AllocatorOptions, OptionInfo
 from .pyramid import ALLOCATOR as PYRAMID
 from .uniform import ALLOCATOR as UNIFORM
 
 #: Method name → allocator, in the order help texts list them.
-ALLOCATORS: dict[str, Allocator] = {a.name: a for a in (HEADKV, DYNAMICKV, COMBINED, UNIFORM, PYRAMID)}
+ALLOCATORS: dict[str, Allocator] = {a.name: a for a in (HEADKV, DYNAMICKV, COMBINED, UNIFORM, PYRAMID,
+                                                          LAYER_SPLIT, LAYER_SPLIT_HEADS)}
 
 
 def option_infos() -> dict[str, OptionInfo]:

@@ -54,11 +54,14 @@ def load_setting_map(path: str, written: str) -> Any:
     HeadprobeError
         A missing or invalid file, or a map per query head.
     """
-    from ..budget_map import BudgetMap
+    from ..allocation.layer_split_choice import split_budget_map
+    from ..runtime.split_budget import load_split_or_map
 
     if not Path(path).is_file():
         raise HeadprobeError(f"{param('spec', written)}: budget map {path!r}: no such file")
-    bm = BudgetMap.load(path)
+    bm = load_split_or_map(path)            # a layer split runs as its budget map (its windows, layer_window)
+    if not hasattr(bm, "budgets"):
+        bm = split_budget_map(bm)
     if bm.granularity != "kv_head":
         raise HeadprobeError(f"{param('spec', written)}: budget map {path} has budgets per query head "
                              "(compat=headkv); the cache keeps budgets per KV head")
@@ -273,6 +276,9 @@ def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
     if alloc is not None and alloc not in ALLOCATORS:
         raise HeadprobeError(f"{param('spec', spec)}: unknown allocation {alloc!r}; expected one of "
                              f"{', '.join(ALLOCATORS)}")
+    if alloc is not None and ALLOCATORS[alloc].policy not in (None, policy):
+        raise HeadprobeError(f"{param('spec', spec)}: allocation {alloc} runs under the {ALLOCATORS[alloc].policy} "
+                             f"policy only (an engine's rule), not {policy}")
     profs = tuple(p for p in parts[2].split(",") if p) if len(parts) > 2 else ()
     for p in profs:
         if p not in PROFILE_KINDS and not Path(p).is_file():
@@ -359,7 +365,11 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
     if policy == "full":
         return ParsedSetting(written, policy, None, (), {}, {})
     if alloc == MAP_ALLOCATION:        # the map's own policy options are the defaults its name implies
-        preset_options = map_run_with(load_setting_map(profs[0], written), policy)
+        bm = load_setting_map(profs[0], written)
+        if "layer_split" in bm.method and policy != "layer_window":
+            raise HeadprobeError(f"{param('spec', written)}: {profs[0]} is a layer split; it runs under the "
+                                 f"layer_window policy only (an engine's rule), not {policy}")
+        preset_options = map_run_with(bm, policy)
     more = {k: v for k, v in (extra or {}).items()          # the preset's own values are implied by its name
             if k not in bracket and (k not in preset_options or preset_options[k] != v)}
     name = _named(written, more)

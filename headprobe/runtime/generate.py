@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from ..allocation.layer_split import LayerSplit
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..limits import check_count
@@ -18,6 +19,7 @@ from .cache import CompressedCache
 from .cache_attention import headprobe_attention
 from .policies import POLICIES, Policy, SlidingWindow
 from .shape import CacheShape
+from .split_budget import SplitBudget, is_split_map, load_split_or_map
 
 #: The policy when none is named.
 DEFAULT_POLICY = "snapkv"
@@ -103,7 +105,11 @@ def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio:
     if isinstance(budget, BudgetSource):
         return budget
     if isinstance(budget, (str,)) or hasattr(budget, "__fspath__"):
-        budget = BudgetMap.load(budget)
+        budget = load_split_or_map(budget)
+    if is_split_map(budget) or isinstance(budget, LayerSplit):      # an engine's layer split: its windows as they are
+        if capacity is not None:
+            raise HeadprobeError(f"a layer split keeps its own windows; give no {param('capacity')}")
+        return SplitBudget.from_map(budget, identity) if is_split_map(budget) else SplitBudget(budget, identity)
     if isinstance(budget, BudgetMap):
         return MapBudget(budget, capacity=capacity, identity=identity)
     if isinstance(budget, int) and not isinstance(budget, bool):
@@ -201,7 +207,7 @@ def new_cache(model: Any, policy: str | Policy, budget: BudgetSource | BudgetMap
     if isinstance(source, MapBudget):
         source.check(shape)
     return CompressedCache(shape, pol, source, max_new_tokens=max_new_tokens, attention_mask=attention_mask,
-                           sliding_policy=SLIDING_POLICY())
+                           sliding_policy=pol if getattr(pol, "serves_sliding_layers", False) else SLIDING_POLICY())
 
 
 def finish(tokenizer: Any, sequences: torch.Tensor, prompt_len: int, cache: CompressedCache) -> GenerationResult:

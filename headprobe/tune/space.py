@@ -170,7 +170,7 @@ class SearchSpace:
         if not self.policies:
             object.__setattr__(self, "policies", default_policies())
         if not self.allocations:
-            object.__setattr__(self, "allocations", tuple(ALLOCATORS))
+            object.__setattr__(self, "allocations", tuple(a for a, x in ALLOCATORS.items() if x.policy is None))
         object.__setattr__(self, "values", {k: tuple(v) for k, v in dict(self.values).items()})
 
     def to_json(self) -> dict[str, Any]:

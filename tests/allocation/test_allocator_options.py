@@ -25,7 +25,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "allocation.md"
 #: A value other than the default for every option the shipped allocators declare, and what the map records.
 NON_DEFAULT = {"beta": (1.5, 1.5), "temperature": (0.5, 0.5), "reduction": ("max", "max"),
                "compat": ("headkv", "headkv"), "task": ("code", {"code": 1.0}), "taper": (5, 5.0),
-               "allow_fallback": (True, None)}
+               "allow_fallback": (True, None), "engine": ("tensorrt-llm", "tensorrt-llm"),
+               "global_layers": (2, 2), "layer_score": ("mean", "mean")}
 
 
 def head_profile() -> Profile:
@@ -90,7 +91,7 @@ def test_pyramid_taper_is_pyramidkvs_beta_and_is_recorded_as_such():
 # ---- options that do not apply, and bad values -----------------------------------------------------------------
 
 @pytest.mark.parametrize("method, options, message", [
-    ("headkv", {"task": "code"}, "task='code': does not apply to method headkv (read by dynamickv, combined;"),
+    ("headkv", {"task": "code"}, "task='code': does not apply to method headkv (read by dynamickv, combined, layer_split;"),
     ("pyramid", {"beta": 20}, ("beta=20: does not apply to method pyramid (read by headkv, combined; pyramid's "
                               "options: taper)")),
     ("uniform", {"temperature": 2.0}, "temperature=2.0: does not apply to method uniform"),

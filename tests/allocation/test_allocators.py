@@ -293,11 +293,14 @@ def test_find_newest_matching_profile(tmp_path):
 
 def test_every_registered_method_runs_by_name_on_the_profiles_it_needs():
     made = {"head_scores": head_profile(), "layer_retention": retention_profile()}
-    assert set(ALLOCATORS) == {"headkv", "dynamickv", "combined", "uniform", "pyramid"}
+    assert set(ALLOCATORS) == {"headkv", "dynamickv", "combined", "uniform", "pyramid", "layer_split",
+                               "layer_split_heads"}
     for name, allocator in ALLOCATORS.items():
         assert allocator.name == name and allocator.description and "\n" not in allocator.description
         bm = allocate(name, [made[n] for n in allocator.needs], model=SMOL)
-        assert bm.method["allocator"] == name and bm.total == 128 * 90
+        # a layer split keeps whole layers or windows: at most the capacity, at the model's context
+        assert bm.method["allocator"] == name and (bm.total <= 128 * 90 if "split" in bm.method else
+                                                   bm.total == 128 * 90)
         assert [s["kind"] for s in bm.method.get("sources", [])] == list(allocator.default_kinds)
         if allocator.needs:
             with pytest.raises(HeadprobeError, match=f"method {name} needs "):

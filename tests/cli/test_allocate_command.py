@@ -121,7 +121,7 @@ def test_an_option_the_method_does_not_read_is_refused(workdir, capsys):
     """`allocate --task bogus` with HeadKV used to be ignored; pyramid's slope is --taper, not --beta."""
     for argv, msg in [
         (["--profile", "profiles/smol.r2.json", "--task", "bogus"],
-         "--task bogus: does not apply to method headkv (read by dynamickv, combined; headkv's options: --beta, "),
+         "--task bogus: does not apply to method headkv (read by dynamickv, combined, layer_split; headkv's options: --beta, "),
         (["--method", "pyramid", "--profile", "profiles/smol.r2.json", "--beta", "20"],
          "--beta 20.0: does not apply to method pyramid (read by headkv, combined; pyramid's options: --taper)"),
         (["--method", "uniform", "--profile", "profiles/smol.r2.json", "--fallback-uniform"],

@@ -73,7 +73,7 @@ def test_a_missing_profile_leaves_its_allocations_out(smollm2_profiles):
     # dynamickv and combined need layer retention: every allocator that reads only head scores is in
     from headprobe.allocation.registry import ALLOCATORS
 
-    assert methods == {n for n, a in ALLOCATORS.items() if set(a.needs) <= {"head_scores"}}
+    assert methods == {n for n, a in ALLOCATORS.items() if set(a.needs) <= {"head_scores"} and a.policy is None}
     assert {"uniform", "headkv", "pyramid"} <= methods and not {"dynamickv", "combined"} & methods
 
 

@@ -1,0 +1,123 @@
+"""Layer splits: which layers stay global at a memory target, under each engine's rule, and the split file."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+import headprobe as hp
+from headprobe.allocation.layer_split import GLOBAL, LayerSplit
+from headprobe.allocation.layer_split_choice import (
+    SplitTarget,
+    choose_layer_split,
+    layer_scores,
+    split_budget_map,
+)
+from headprobe.errors import FileFormatError, HeadprobeError
+from headprobe.models.identity import ModelIdentity
+from tests.conftest import SMOLLM2_IDENTITY
+
+#: Gemma 3 270M's shape: 18 layers, global every 6th, window 512.
+GEMMA3 = ModelIdentity(name="google/gemma-3-270m", source="test", architecture="gemma3_text", num_layers=18,
+                       num_query_heads=4, num_kv_heads=1, head_dim=256, sliding_window=512,
+                       layer_types=tuple("full_attention" if i % 6 == 5 else "sliding_attention" for i in range(18)))
+
+
+def scores(n: int, best: dict[int, float]) -> list[float]:
+    return [best.get(i, 0.01 * (n - i)) for i in range(n)]
+
+
+def test_share_target_keeps_the_best_layers_global_and_the_bytes_add_up():
+    s = scores(30, {4: 9.0, 20: 8.0, 7: 7.0, 11: 6.0})
+    split = choose_layer_split(SMOLLM2_IDENTITY, s, engine="vllm", window=256,
+                               target=SplitTarget(context=4096, capacity=1024))
+    # 30 layers at 256 tokens = 7,680; each global layer adds 3,840; a quarter of 30 · 4,096 is 30,720.
+    assert len(split.global_layers) == (30 * 1024 - 30 * 256) // (4096 - 256) == 6
+    assert split.global_layers == [0, 1, 4, 7, 11, 20]
+    kept = split.kept_tokens()
+    assert all(kept[i] == 4096 for i in split.global_layers) and all(kept[i] == 256 for i in split.local_layers)
+    assert split.kept_bytes() == sum(kept) * 2 * 3 * 64 * 2 <= split.full_bytes() // 4
+    assert split.full_bytes() == 30 * 4096 * 2 * 3 * 64 * 2
+
+
+def test_global_layers_and_ties_go_to_the_lower_layer():
+    split = choose_layer_split(SMOLLM2_IDENTITY, [1.0] * 30, engine="vllm", window=64,
+                               target=SplitTarget(context=1000, global_layers=3))
+    assert split.global_layers == [0, 1, 2]
+    assert split.layers[3] == 64
+
+
+def test_refusals_name_the_parameter():
+    target = SplitTarget(context=4096, capacity=100)
+    with pytest.raises(HeadprobeError, match="capacity=100 at prompt_len=4096: every layer local keeps 256"):
+        choose_layer_split(SMOLLM2_IDENTITY, [1.0] * 30, engine="vllm", window=256, target=target)
+    with pytest.raises(HeadprobeError, match="sink=4: vllm keeps no sink"):
+        choose_layer_split(SMOLLM2_IDENTITY, [1.0] * 30, engine="vllm", window=256, sink=4,
+                           target=SplitTarget(context=4096, global_layers=2))
+    with pytest.raises(HeadprobeError, match="global_layers=31: the model has 30 layers"):
+        choose_layer_split(SMOLLM2_IDENTITY, [1.0] * 30, engine="vllm", window=256,
+                           target=SplitTarget(context=4096, global_layers=31))
+    with pytest.raises(HeadprobeError, match="engine='sglang': expected one of"):
+        choose_layer_split(SMOLLM2_IDENTITY, [1.0] * 30, engine="sglang", window=256,
+                           target=SplitTarget(context=4096, global_layers=2))
+
+
+def test_gemma3_sliding_layers_stay_local_at_most_at_their_window():
+    s = [1.0] * 18
+    trt = choose_layer_split(GEMMA3, s, engine="tensorrt-llm", window=1024, sink=4,
+                             target=SplitTarget(context=8192, global_layers=2))
+    assert trt.global_layers == [5, 11]
+    assert trt.layers[17] == 1024 and trt.layers[0] == 512          # a native layer keeps its own 512
+    vllm = choose_layer_split(GEMMA3, s, engine="vllm", window=256, target=SplitTarget(context=8192, global_layers=3))
+    assert vllm.global_layers == [5, 11, 17] and vllm.layers[0] == 256
+    with pytest.raises(HeadprobeError, match="window=1024: google/gemma-3-270m's own sliding layers keep 512"):
+        choose_layer_split(GEMMA3, s, engine="vllm", window=1024, target=SplitTarget(context=8192, global_layers=3))
+
+
+def test_layer_scores_from_retention_and_from_heads():
+    retention = hp.load_profile("profiles/smollm2-135m.layer_retention.json")
+    r = layer_scores(retention)
+    assert r.shape == (30,) and abs(r.sum() - 1) < 1e-9
+    heads = hp.load_profile("profiles/smollm2-135m.retrieval_reasoning.json")
+    kv = [sum(row) for row in heads.kv_heads]
+    assert list(layer_scores(heads, layer_score="sum")) == pytest.approx(kv)
+    assert list(layer_scores(heads, layer_score="mean")) == pytest.approx([k / 3 for k in kv])
+
+
+def test_split_file_round_trip_and_refusals(tmp_path):
+    split = choose_layer_split(SMOLLM2_IDENTITY, [1.0] * 30, engine="tensorrt-llm", window=128, sink=4,
+                               target=SplitTarget(context=2048, global_layers=5), source={"profile": {"kind": "x"}})
+    path = split.save(tmp_path / "split.json")
+    back = LayerSplit.load(path)
+    assert back.layers == split.layers and back.sink == 4 and back.context == 2048 and back.engine == "tensorrt-llm"
+    obj = json.loads(path.read_text())
+    assert obj["format"] == "headprobe.layer_split" and obj["version"] == 1
+    assert obj["bytes"] == split.kept_bytes() and obj["share"] == pytest.approx(split.kept_bytes() / split.full_bytes())
+    for field, value, match in (("layers", [GLOBAL] * 29, "layers.*expected 30 entries"),
+                                ("engine", "sglang", "engine.*expected one of"),
+                                ("layers", [4] + [GLOBAL] * 29, r"layers\[0\].*larger than the sink \(4\)")):
+        bad = dict(obj, **{field: value})
+        (tmp_path / "bad.json").write_text(json.dumps(bad))
+        with pytest.raises(FileFormatError, match=match):
+            LayerSplit.load(tmp_path / "bad.json")
+
+
+def test_allocate_writes_a_budget_map_that_carries_the_split():
+    profile = hp.load_profile("profiles/smollm2-135m.layer_retention.json")
+    bm = hp.allocate("layer_split", [profile], window=256, ratio=0.25, prompt_len=4096, capacity=None, engine="vllm")
+    split = LayerSplit.from_json(bm.method["layer_split"])
+    assert bm.method["run_with"] == {"policy": "layer_window", "options": {"sink": 0}}
+    assert [row[0] for row in bm.budgets] == split.kept_tokens()
+    assert bm.total == sum(split.kept_tokens()) * 3 <= 30 * 3 * 1024
+    assert bm.method["sources"][0]["kind"] == "layer_retention"
+    assert split_budget_map(replace(split)).budgets == bm.budgets
+    with pytest.raises(HeadprobeError, match="sized at a context length: pass prompt_len"):
+        hp.allocate("layer_split", [profile], replace(profile.model, max_context=None), window=256, global_layers=2)
+    at_context = hp.allocate("layer_split", [profile], window=256, global_layers=2)    # the model's own context
+    assert LayerSplit.from_json(at_context.method["layer_split"]).context == profile.model.max_context
+    heads = hp.load_profile("profiles/smollm2-135m.retrieval_reasoning.json")
+    bm2 = hp.allocate("layer_split_heads", [heads], window=128, sink=4, prompt_len=2048, global_layers=4,
+                      engine="tensorrt-llm", layer_score="mean")
+    assert len(LayerSplit.from_json(bm2.method["layer_split"]).global_layers) == 4
