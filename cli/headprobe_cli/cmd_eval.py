@@ -15,18 +15,22 @@ from .common_args import (
     add_rerun_arguments,
     add_task_arguments,
     chat_template_wanted,
-    dataset_fields,
+    check_task_flags,
     figure_path,
     load_model,
     output_figure,
     rank_note,
     rank_progress,
     resolve_prompt_format,
+    unset,
 )
 from .progress import tqdm_progress
+from .ruler_args import add_ruler_arguments, check_ruler_flags, dataset_run, ruler_plan, ruler_summary
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
 FLAGS = {"spec": "--settings", "specs": "--settings", **TASK_FLAGS}
+#: The tasks of ``--task``.
+TASKS = ("needle", "babi", "dataset", "longgen", "ruler")
 
 
 def register(sub, formatter) -> None:
@@ -43,24 +47,29 @@ def register(sub, formatter) -> None:
                "  headprobe eval --task babi --babi-count 8 --settings full snapkv --capacities 64\n"
                "  headprobe eval --task dataset --dataset qa.jsonl --fields context=context,question=input,"
                "answers=answers --settings full snapkv --capacities 128\n"
+               "  headprobe eval --task ruler --ruler-tasks niah_single_1 --lengths 2048 --samples 20 "
+               "--settings full snapkv --ratios 0.5 0.9\n"
                "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid\n"
                "  torchrun --standalone --nproc-per-node 2 -m headprobe eval ...   # cell groups split over 2 ranks")
     add_loading_arguments(p)
     p.add_argument("--settings", nargs="+", default=["full", "snapkv", "headkv-r2"], metavar="SETTING")
-    p.add_argument("--capacities", nargs="+", type=int, default=[128], help="mean tokens per KV head")
+    p.add_argument("--capacities", nargs="+", type=int, default=unset([128]), help="mean tokens per KV head")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
-    p.add_argument("--task", choices=["needle", "babi", "dataset", "longgen"], default="needle",
+    p.add_argument("--task", choices=list(TASKS), default="needle",
                    help="longgen: a long report on the haystack, scored by ROUGE-L against the full cache's report")
     add_task_arguments(p)
+    add_ruler_arguments(p)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-new-tokens", type=int, default=32)
+    p.add_argument("--max-new-tokens", type=int, default=unset(32),
+                   help="tokens generated per answer (--task ruler: RULER's per task, capped by this when given)")
     add_prompt_format_arguments(p)
     p.add_argument("--no-shared-prefill", action="store_true",
                    help="run every setting's prompt forward separately (default: one forward per prompt serves "
                         "every setting whose policy prefills with plain attention; same answers)")
     p.add_argument("--out", default="eval/eval.json", help="result JSON (cell log beside it)")
     p.add_argument("--plot", default=None, help="PNG grid (default: beside --out); 'none' to skip")
-    p.add_argument("--memory-plot", default=None, help="also write accuracy vs cache bytes to this PNG")
+    p.add_argument("--memory-plot", default=None,
+                   help="also write accuracy vs cache bytes to this PNG ('none' or left out: no such figure)")
     add_rerun_arguments(p, log="its cell log", replaced="the cell log and the outputs")
     p.set_defaults(func=run)
 
@@ -83,6 +92,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
+    check_ruler_flags(args)     # before check_task_flags forgets which flags were typed
+    check_task_flags(args, TASKS)       # a flag of another task would be ignored
     settings = headprobe.expand_settings(args.settings, args.capacities, frontend.parse_policy_options(args.option),
                                          tuple(headprobe.POLICIES))
     frontend.check_count("max_new_tokens", args.max_new_tokens)
@@ -91,7 +102,7 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         s.check_policy()
     out = Path(args.out)
     plot = output_figure(args.plot, out)
-    memory_plot = figure_path(args.memory_plot) if args.memory_plot else None
+    memory_plot = figure_path(args.memory_plot) if (args.memory_plot or "none").lower() != "none" else None
     figures = [f for f in (plot, memory_plot) if f is not None]
     if ranks.is_main:   # before the model loads; the merged outputs are rank 0's, each rank checks its own log below
         frontend.check_eval_outputs(out, figures, resume=args.resume, force=args.force)
@@ -103,13 +114,13 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
                              "start over")
     depths = frontend.probe_grid.parse_depths(args.depths)
-    items, examples = None, None
-    if args.task == "dataset":
+    items, examples, ruler = None, None, None
+    if args.task == "ruler":
+        ruler = ruler_plan(args)
+    elif args.task == "dataset":
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
-        f = dataset_fields(args.fields)
-        examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
-                                             args.limit)
+        examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
     elif args.task == "babi":
         items = headprobe.items_from_babi(headprobe.generate_questions(args.babi_count, args.babi_tasks, args.seed))
         task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
@@ -121,16 +132,18 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         else:
             items = headprobe.items_from_needles(needles)
         task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
-    haystack = headprobe.load_haystack(args.haystack) if args.task != "dataset" else None
+    haystack = headprobe.load_haystack(args.haystack) if args.task not in ("dataset", "ruler") else None
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
-    if examples is not None:
-        progress = _lazy_progress(len(ranks.mine(examples)) * len(settings), "eval")
-        result = headprobe.run_dataset_eval_on_ranks(lm, examples, settings, out, ranks, args.max_length,
-                                                     args.max_new_tokens, str(args.dataset),
+    if examples is not None or ruler is not None:
+        run = dataset_run(args, lm, ruler, examples, settings)
+        progress = _lazy_progress(len(ranks.mine(run.examples)) * len(run.settings), "eval")
+        result = headprobe.run_dataset_eval_on_ranks(lm, run.examples, run.settings, out, ranks, run.max_length,
+                                                     run.max_new_tokens, run.name,
                                                      chat_template, args.resume, args.force,
                                                      rank_progress(ranks, progress), figures=figures,
-                                                     share_prefill=not args.no_shared_prefill)
+                                                     share_prefill=not args.no_shared_prefill,
+                                                     answer_task=run.answer_task)
     else:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint
@@ -145,10 +158,13 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         rank_note(ranks, f"{len(result.cells)} cells; wrote {ranks.part_path(out)}")
         return 0
     print(headprobe.format_eval_summary(result))
+    if ruler is not None:
+        print(ruler_summary(result, out))
     print(f"wrote {out}")
     # Replacing the figures was settled by check_eval_outputs; the result lists them.
     if plot is not None:
-        fig = headprobe.needle_grid(result) if args.task != "dataset" else headprobe.accuracy_vs_memory(result)
+        fig = (headprobe.needle_grid(result) if args.task not in ("dataset", "ruler")
+               else headprobe.accuracy_vs_memory(result))
         print(f"wrote {headprobe.save_figure(fig, plot, force=plot in replaceable)}")
     if memory_plot is not None:
         fig = headprobe.accuracy_vs_memory(result)

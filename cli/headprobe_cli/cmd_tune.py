@@ -15,7 +15,7 @@ from .common_args import (
     add_rerun_arguments,
     add_task_arguments,
     chat_template_wanted,
-    dataset_fields,
+    check_task_flags,
     load_model,
     output_figure,
     rank_note,
@@ -25,6 +25,8 @@ from .progress import tqdm_progress
 
 #: Library parameters whose flag is not ``--`` + the parameter name.
 FLAGS = {"spec": "--presets", "specs": "--presets", **TASK_FLAGS}
+#: The tasks of ``--task``.
+TASKS = ("needle", "babi", "dataset")
 
 
 def register(sub, formatter) -> None:
@@ -52,7 +54,7 @@ def register(sub, formatter) -> None:
                         help="a share of the full cache at --context, e.g. 5%% (the runtime's bytes)")
     memory.add_argument("--cache-bytes", default=None, metavar="SIZE", help="a cache size at --context, e.g. 2GiB")
     p.add_argument("--context", type=int, default=None, help="prompt tokens a memory target is for")
-    p.add_argument("--task", choices=["needle", "babi", "dataset"], default="needle")
+    p.add_argument("--task", choices=list(TASKS), default="needle")
     add_task_arguments(p)
     held = p.add_mutually_exclusive_group()
     held.add_argument("--holdout-ids", nargs="+", default=None, metavar="ID",
@@ -93,9 +95,7 @@ def _task(args: argparse.Namespace) -> headprobe.TuneTask:
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
         frontend.check_count("max_length", args.max_length)
-        f = dataset_fields(args.fields)
-        examples = headprobe.load_qa_dataset(args.dataset, args.split, f["context"], f["question"], f["answers"],
-                                             args.limit)
+        examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
         return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
     depths = frontend.probe_grid.parse_depths(args.depths)
     if not args.lengths:
@@ -137,6 +137,10 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
+    if args.resume and args.force:
+        raise HeadprobeError("--resume with --force: choose one (--resume continues the eval runs, --force starts "
+                             "them over)")
+    check_task_flags(args, TASKS)       # a flag of another task would be ignored
     frontend.check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)          # a contradiction fails before the model loads
     rule = headprobe.HalvingRule(args.eta, args.level, args.resamples, args.seed)
@@ -163,6 +167,7 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     split = headprobe.split_items(task.ids, args.holdout_ids, args.holdout_share, args.seed)
     request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
                                     chat_template, not args.no_shared_prefill, memory=memory)
+    frontend.check_tune_space(frontend.ShapeOnly(identity), request, found)   # nothing to race: before the load
     if ranks.is_main:
         print(f"tune: {len(split.calibration)} calibration items ({', '.join(split.calibration)}), "
               f"{len(split.holdout)} held out ({', '.join(split.holdout)}); capacities {capacities}; "

