@@ -472,7 +472,7 @@ def profile_mutations() -> list[tuple[str, Callable[[dict], Any], dict[str, str]
     command, ``"refuse"`` for every command not named."""
     ok_all = {c: "ok" for c in PROFILE_COMMANDS}
     zero = {"inspect": "ok", "plot": "ok", "export-headkv": "ok"}
-    negative = {"inspect": "ok", "plot": "ok", "export-duo": "either", "export-headkv": "ok"}   # no probe makes one
+    negative = {"inspect": "ok", "plot": "ok", "export-duo": "either", "export-headkv": "refuse"}   # no probe makes one
     huge = {"inspect": "ok", "plot": "ok", "allocate": "ok", "allocate-compat": "either", "export-duo": "ok",
             "export-headkv": "ok"}
     q, kv = "scores.query_heads", "scores.kv_heads"
