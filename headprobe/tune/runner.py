@@ -484,11 +484,14 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     Raises
     ------
     HeadprobeError
-        No candidate can run at a capacity, lengths the model or haystack cannot hold, or an eval run's
-        refusal (a log made with other settings, held by another run, ...).
+        ``resume`` and ``force`` together, no candidate can run at a capacity, lengths the model or haystack
+        cannot hold, or an eval run's refusal (a log made with other settings, held by another run, ...).
     """
     from ..distributed.ranks import Ranks
 
+    if resume and force:
+        raise HeadprobeError("resume and force: a run either continues its logs (resume) or replaces them "
+                             "(force), not both")
     ranks = ranks or Ranks()
     wall, cpu = time.perf_counter(), time.process_time()
     space, task, rule = request.space, request.task, request.rule

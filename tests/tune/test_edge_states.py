@@ -125,3 +125,9 @@ def test_an_option_value_no_runnable_candidate_reads_is_refused(capsys, no_model
     assert err.startswith("headprobe: error: --values task: no candidate of the space reads task (read by "), err
     assert "dynamickv" in err and "\n" not in err
     assert not (tmp_path / "t").exists()
+
+
+def test_the_library_refuses_resume_and_force_together(tiny_llama, tmp_path):
+    with pytest.raises(headprobe.HeadprobeError, match="resume and force: a run either continues its logs"):
+        run_tune(tiny_llama, tiny_request(), tmp_path / "t.json", resume=True, force=True)
+    assert not any(tmp_path.iterdir())
