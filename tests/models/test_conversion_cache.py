@@ -74,10 +74,9 @@ def test_a_stale_conversion_in_the_cache_is_converted_again(smollm2, tmp_path):
     real = _real_conversion(smollm2)
     env = {**os.environ, "HEADPROBE_CACHE": str(tmp_path / "cache"), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
-    where = subprocess.run([sys.executable, "-c", "from headprobe.models import loading as l; "
-                            "from headprobe.models.registry import MODELS; s = MODELS['smollm2-135m']; "
-                            "print(l.conversion_folder(s, l._gguf_path(s)))"],
-                           env=env, capture_output=True, text=True, check=True)
+    code = ("from headprobe.models import loading as l; from headprobe.models.registry import MODELS; "
+            "s = MODELS['smollm2-135m']; print(l.conversion_folder(s, l._gguf_path(s)))")
+    where = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     _stale_copy(real, Path(where.stdout.strip()))
     code = ("import headprobe as hp; lm = hp.load_model('smollm2-135m', device='cpu'); "
             f"print(lm.tokenizer({loading.TOKENIZER_CHECK_TEXT!r}, add_special_tokens=False).input_ids)")
