@@ -299,7 +299,7 @@ def test_every_registered_method_runs_by_name_on_the_profiles_it_needs():
         assert allocator.name == name and allocator.description and "\n" not in allocator.description
         bm = allocate(name, [made[n] for n in allocator.needs], model=SMOL)
         # a layer split keeps whole layers or windows: at most the capacity, at the model's context
-        assert bm.method["allocator"] == name and (bm.total <= 128 * 90 if "split" in bm.method else
+        assert bm.method["allocator"] == name and (bm.total <= 128 * 90 if "layer_split" in bm.method else
                                                    bm.total == 128 * 90)
         assert [s["kind"] for s in bm.method.get("sources", [])] == list(allocator.default_kinds)
         if allocator.needs:

@@ -64,10 +64,11 @@ def test_needle_at_4k_survives_capacity_128_with_snapkv_and_headkv_budget(smollm
     expected = torch.tensor(MapBudgetRows(bm, smollm2, n))
     assert torch.equal(kept, expected)
     assert int(kept.sum()) == bm.total and len(kept.unique()) > 5
-    # Real bytes: the kept pairs plus the decode room, against a full cache of the prompt.
+    # Real bytes: the kept pairs plus the decode room (max_new_tokens - 1 rows a head: the last token is
+    # never stored), against a full cache of the prompt.
     store = res.cache.stores[0]
     per_token = store.bytes_per_token()
-    budget_bytes = (bm.total + 16 * 30 * 3) * per_token
+    budget_bytes = (bm.total + 15 * 30 * 3) * per_token
     assert budget_bytes <= res.cache.memory_bytes() <= 1.05 * budget_bytes
     assert res.cache.memory_bytes() < res.cache.full_cache_bytes() / 20
 
@@ -87,7 +88,7 @@ def test_every_policy_generates_200_tokens_batch_2(smollm2, policy):
                               min_new_tokens=200, chat=True)
     assert res.new_tokens.shape == (2, 200)
     kept = res.cache.kept_tokens()
-    if policy in ("morphkv", "keydiff", "keepkv", "streaming"):
+    if policy in ("morphkv", "keydiff", "keepkv", "streaming", "layer_window"):
         assert int(kept.max()) <= 48                            # constant-size policies
     elif policy == "full":
         assert kept[0].unique().tolist() == [int(res.cache.prompt_lengths[0]) + 199]
