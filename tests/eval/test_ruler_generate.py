@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import importlib.util
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -37,10 +39,13 @@ def test_seed_42_writes_prepare_pys_files_and_another_seed_others(tiny_dir, tmp_
     assert [e.id for e in examples] == ["niah_single_1/1024/0", "niah_single_1/1024/1"]
     assert all(e.outputs[0] in e.context for e in examples)
     # a second run at the same seed, through RULER's own entry point (which always passes seed 42): the same bytes
+    # prepare.py starts its task script as `python ...` from PATH: put this interpreter first, so that both
+    # sides tokenize with the same transformers (another environment's `python` tokenizes differently)
     prepare = rg.generator_root() / "data" / "prepare.py"
+    env = {**os.environ, "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])}
     subprocess.run([sys.executable, str(prepare), "--save_dir", str(tmp_path / "p"), "--task", "niah_single_1",
                     "--tokenizer_path", str(tiny_dir), "--tokenizer_type", "hf", "--max_seq_length", "1024",
-                    "--num_samples", "2"], check=True, capture_output=True, cwd=prepare.parent, timeout=240)
+                    "--num_samples", "2"], check=True, capture_output=True, cwd=prepare.parent, timeout=240, env=env)
     assert (tmp_path / "p" / "niah_single_1" / "validation.jsonl").read_bytes() == a.read_bytes()
 
 
