@@ -93,7 +93,7 @@ def test_the_method_follows_the_profiles_given():
 def test_the_command_shown_runs_the_map_with_its_options():
     ex = explain_budget(press="adakv", ratio=0.5, context=1000)
     assert ex.generate_command("m.json") == ("headprobe generate --budget m.json --policy snapkv --option adaptive=true "
-                                             "--option floor_share=0.2 --option window=8")
+                                             "--option floor_share=0.2 --option floor_of=budget --option window=8")
     from headprobe.runtime import make_policy, parse_policy_options
 
     flags = ex.generate_command("m.json").split("--option ")[1:]

@@ -87,7 +87,8 @@ PRESSES: dict[str, PressSpec] = {
                            run_with=("snapkv", {"window": "window_size", "kernel_size": "kernel_size",
                                                 "pooling": "avg"})),
     "adakv": PressSpec("adakv", "AdaKVPress", "adakv", options={"alpha_safeguard": 0.2},
-                       run_with=("snapkv", {"adaptive": True, "floor_share": "alpha_safeguard"})),
+                       run_with=("snapkv", {"adaptive": True, "floor_share": "alpha_safeguard",
+                                             "floor_of": "budget"})),
 }
 
 #: The press of a DuoAttention folder (its ``head_compression_ratio`` is a share of heads, not of tokens).
