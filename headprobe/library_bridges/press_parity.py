@@ -102,9 +102,7 @@ def press_kept(model: Any, press: Any, input_ids: torch.Tensor, keys: list[torch
 
 def _layer_keys(cache: Any) -> list[torch.Tensor]:
     """``[batch, kv_heads, tokens, head_dim]`` keys of every layer of a transformers ``DynamicCache``."""
-    if hasattr(cache, "layers"):
-        return [layer.keys for layer in cache.layers]
-    return list(cache.key_cache)
+    return [layer.keys for layer in cache.layers]
 
 
 def _row_positions(whole: torch.Tensor, kept: torch.Tensor, layer: int, head: int) -> list[int]:

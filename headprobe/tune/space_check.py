@@ -66,15 +66,15 @@ def _check_values(space: Any, settings: Sequence[EvalSetting], problems: Mapping
     no candidate carries (its allocations need profiles the model has none of)."""
     from ..allocation.registry import ALLOCATORS
 
-    readers = {i.name: [n for n in space.allocations if n in ALLOCATORS
-                        and i.name in {j.name for j in ALLOCATORS[n].options.infos()}]
-               for a in ALLOCATORS.values() for i in a.options.infos()}
+    readers: dict[str, list[str]] = {}             # allocation option -> the searched allocations that read it
+    for name in space.allocations:
+        for info in ALLOCATORS[name].options.infos():
+            readers.setdefault(info.name, []).append(name)
     for key, values in space.values.items():
         if key in readers and not any(s.allocation in readers[key] and problems.get(s.label) is None
                                       for s in settings):
-            who = ", ".join(readers[key]) or "no searched allocation"
-            raise HeadprobeError(f"{param('values', key)}: no candidate of the space reads {key} (read by {who}; "
-                                 "none of their candidates can run for this model)")
+            raise HeadprobeError(f"{param('values', key)}: no candidate of the space reads {key} (read by "
+                                 f"{', '.join(readers[key])}; none of their candidates can run for this model)")
         for value in values:
             carrying = [s for s in settings if key in s.allocation_options and s.allocation_options[key] == value
                         and s.label in problems]

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from ...attention.rows import masked_attention
 from ...errors import HeadprobeError
-from .base import LayerContext, check_window
+from .base import LayerContext
 from .streaming import Streaming
 
 
@@ -69,11 +69,6 @@ class LayerWindow(Streaming):
     sink: int = 0
     window: int = 0
 
-    def __post_init__(self) -> None:
-        check_window(self, 0)
-        if self.sink < 0:
-            raise HeadprobeError(f"policy layer_window: sink {self.sink}: expected 0 or more")
-
     def layer_windows(self, ctx: LayerContext) -> torch.Tensor:
         """``[batch]`` this layer's window per row (its heads share one: the engine's window is per layer)."""
         windows = ctx.budgets.max(dim=1).values
@@ -91,11 +86,9 @@ class LayerWindow(Streaming):
         """``[batch, kv_heads]`` the layer's window for every head (the budget, capped at a sliding layer's own)."""
         return self.layer_windows(ctx)[:, None].expand(-1, ctx.kv_heads)
 
-    def reserve(self, ctx: LayerContext, kept: torch.Tensor) -> torch.Tensor:
-        """Room to grow up to the window, never beyond: the oldest non-sink pair leaves for each new one."""
-        windows = self.layer_windows(ctx).to(kept.device).repeat_interleave(ctx.kv_heads)
-        limit = torch.minimum(windows, kept + ctx.max_new_tokens)
-        return (limit - kept).clamp(min=0) + (limit == 0).long()
+    def head_limits(self, ctx: LayerContext) -> torch.Tensor:
+        """``[batch * kv_heads]`` the layer's window for every head (:meth:`Streaming.reserve` grows up to it)."""
+        return self.token_budgets(ctx, ctx.budgets).reshape(-1)
 
     def prefill(self, ctx: LayerContext) -> torch.Tensor:
         out = window_attention(ctx, self.layer_windows(ctx), self.sink)

@@ -22,16 +22,20 @@ class Streaming(ScorerPolicy):
     def __post_init__(self) -> None:
         check_window(self, 0)
         if self.sink < 0:
-            raise HeadprobeError(f"policy streaming: sink {self.sink}: expected 0 or more")
+            raise HeadprobeError(f"policy {self.name}: sink {self.sink}: expected 0 or more")
 
     def score(self, ctx: LayerContext) -> torch.Tensor:
         recency = ctx.positions.float()
         sinks_first = torch.where(ctx.positions < self.sink, torch.full_like(recency, 2.0 * ctx.tokens), recency)
         return sinks_first[:, None, :].expand(-1, ctx.kv_heads, -1)
 
+    def head_limits(self, ctx: LayerContext) -> torch.Tensor:
+        """``[batch * kv_heads]`` the most pairs a head ever holds: its budget."""
+        return ctx.budgets.reshape(-1)
+
     def reserve(self, ctx, kept):
-        budgets = ctx.budgets.reshape(-1).to(kept.device)
-        limit = torch.minimum(budgets, kept + ctx.max_new_tokens)
+        """Room to grow up to the head's limit, never beyond: the oldest non-sink pair leaves for each new one."""
+        limit = torch.minimum(self.head_limits(ctx).to(kept.device), kept + ctx.max_new_tokens)
         return (limit - kept).clamp(min=0) + (limit == 0).long()
 
     def before_append(self, ctx: LayerContext) -> None:
