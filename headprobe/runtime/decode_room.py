@@ -26,7 +26,8 @@ FIRST_STEP = 8
 
 def decode_room(asked: torch.Tensor, kept: torch.Tensor, prompt_lengths: torch.Tensor, kv_heads: int,
                 max_new_tokens: int) -> torch.Tensor:
-    """The decode room of every segment at prefill (``[segments]``).
+    """The decode room of every segment at prefill (``[segments]``): :func:`first_room` of the segments'
+    tensors (read on the host, as the store lays out its capacities there anyway).
 
     Parameters
     ----------
@@ -41,17 +42,16 @@ def decode_room(asked: torch.Tensor, kept: torch.Tensor, prompt_lengths: torch.T
     max_new_tokens
         Tokens the generation may add.
     """
-    seen = prompt_lengths.to(kept.device).repeat_interleave(kv_heads)
-    dropped = (seen - kept).clamp(min=0).maximum(kept // 8)
-    cap = dropped.clamp(min=FIRST_STEP).clamp(max=max(max_new_tokens - 1, 0))
-    return asked.to(kept.device).minimum(cap)
+    import torch
+
+    seen = prompt_lengths.repeat_interleave(kv_heads)
+    room = first_room(asked.cpu().numpy(), kept.cpu().numpy(), seen.cpu().numpy(), max_new_tokens)
+    return torch.as_tensor(room, dtype=kept.dtype, device=kept.device)
 
 
 def growth(capacity: np.ndarray, extra: int) -> np.ndarray:
     """Rows a full segment of ``capacity`` grows by to take ``extra`` more tokens."""
     return np.maximum(np.maximum(capacity // 8, FIRST_STEP), extra)
-
-
 
 
 def first_room(asked: np.ndarray, kept: np.ndarray, prompt: int | np.ndarray, max_new_tokens: int) -> np.ndarray:
