@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from ..answer_text import normalize_answer, qa_f1, rouge1_recall
 from ..errors import HeadprobeError
-from ..probes.gates import normalize_answer, qa_f1, rouge1_recall
 
 SCORERS = ("rouge", "exact", "f1", "fidelity")
 

@@ -6,9 +6,10 @@ from typing import Any
 
 import torch
 
+from ..answer_text import qa_f1, rouge1_recall
 from ..haystack.context import TrialContext
 from ..haystack.needles import Needle
-from .gates import GATE_THRESHOLD, qa_f1, rouge1_recall
+from .gates import GATE_THRESHOLD
 from .trial_grid import TrialSpec
 
 

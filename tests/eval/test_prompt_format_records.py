@@ -120,8 +120,8 @@ def test_ablation_results_record_the_form(tmp_path):
 def test_a_plain_dataset_answer_is_scored_on_its_first_line(tmp_path):
     import datasets
 
+    from headprobe.answer_text import qa_f1
     from headprobe.eval.answer_scores import answer_text
-    from headprobe.probes.gates import qa_f1
 
     # a base model answers on the cue's line and then writes on (another question, another answer)
     rambling = " The Harlow reservoir\nQuestion: Which of the following is not a health concern?\nAnswer: Lead"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprobe.probes.gates import normalize_answer, qa_f1, rouge1_recall
+from headprobe.answer_text import normalize_answer, qa_f1, rouge1_recall
 from headprobe.probes.head_scores import copy_scores, reasoning_scores
 from headprobe.probes.retention import layer_shares
 
