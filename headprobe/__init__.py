@@ -83,7 +83,7 @@ _API: dict[str, dict[str, str]] = {
         "find_profiles": "allocation.api",
         "profiles_for_method": "allocation.api",
         "summarize": "allocation.api",
-        "clamp_and_redistribute": "allocation.clamp",
+        "clamp_and_redistribute": "budget_arithmetic",
         "BudgetMap": "budget_map",
         "LayerSplit": "allocation.layer_split",
         "choose_layer_split": "allocation.layer_split_choice",

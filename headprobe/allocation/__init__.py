@@ -3,8 +3,8 @@
 Allocators (one module each, each defining its options dataclass and its ``ALLOCATOR``): :mod:`.headkv`
 (HeadKV, with ``compat="headkv"``), :mod:`.dynamickv_offline`, :mod:`.combined` (DynamicKV layer budgets
 split by head scores), :mod:`.uniform` (SnapKV), :mod:`.pyramid` (PyramidKV); :data:`ALLOCATORS` names them
-with what each reads and its options, and :func:`allocate` runs one by name. :func:`clamp_and_redistribute`
-fits budgets to a prompt at run time.
+with what each reads and its options, and :func:`allocate` runs one by name. The integer arithmetic they share
+with the runtime (exact splits, clamping to a prompt) is :mod:`headprobe.budget_arithmetic`.
 """
 
 from .allocator import Allocator
@@ -19,9 +19,9 @@ from .api import (
     profiles_for_method,
     summarize,
 )
-from .clamp import clamp_and_redistribute, clamp_for_model, scale_to_prompt
+from .clamp import clamp_for_model
 from .combined import CombinedOptions, allocate_combined, split_layer_pools
-from .common import Capacity, largest_remainder, prepare_scores, resolve_capacity
+from .common import Capacity, prepare_scores, resolve_capacity
 from .dynamickv_offline import DynamicKVOptions, allocate_dynamickv, parse_task_mix, retention_shares
 from .headkv import (
     DEFAULT_BETA,
@@ -56,13 +56,11 @@ __all__ = [
     "allocate_headkv",
     "allocate_pyramid",
     "allocate_uniform",
-    "clamp_and_redistribute",
     "clamp_for_model",
     "find_profiles",
     "headkv_budgets",
     "headkv_compat_budgets",
     "headkv_floor",
-    "largest_remainder",
     "load_profile",
     "newest_profile",
     "parse_task_mix",
@@ -72,7 +70,6 @@ __all__ = [
     "pyramid_layer_weights",
     "resolve_capacity",
     "retention_shares",
-    "scale_to_prompt",
     "split_layer_pools",
     "summarize",
 ]

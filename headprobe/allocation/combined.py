@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
@@ -23,7 +24,6 @@ from .common import (
     check_beta,
     check_profile_model,
     kv_head_scores,
-    largest_remainder,
     method_block,
     prepare_scores,
     resolve_capacity,

@@ -1,8 +1,8 @@
-"""Shared pieces of the allocators: exact integer apportionment, parameter checks, score preparation.
+"""Shared pieces of the allocators: capacity and parameter checks, score preparation, the map's method block.
 
 Every allocator in this package produces integer budgets ``[layers][kv_heads]`` that sum exactly to the
 target total, never give a head less than its floor (the window and the sink are always kept), and
-break ties deterministically by (layer, head).
+break ties deterministically by (layer, head); the integer arithmetic is :mod:`headprobe.budget_arithmetic`.
 """
 
 from __future__ import annotations
@@ -91,52 +91,6 @@ def check_temperature(temperature: float | None) -> None:
     if temperature is not None and (isinstance(temperature, bool) or not isinstance(temperature, (int, float))
                                     or not math.isfinite(temperature) or temperature <= 0):
         raise HeadprobeError(f"{spelled('temperature', temperature)}: expected a positive finite number")
-
-
-def largest_remainder(weights: np.ndarray, total: int) -> np.ndarray:
-    """Split the integer ``total`` in proportion to ``weights`` exactly.
-
-    Parameters
-    ----------
-    weights
-        Any shape, non-negative, not all zero (all zero splits evenly).
-    total
-        Non-negative integer.
-
-    Returns
-    -------
-    np.ndarray
-        ``int64`` of the same shape summing to ``total``. Each entry is the floor of its quota plus one
-        for the entries with the largest remainders; equal remainders go to the lower flat index, i.e.
-        to the lower (layer, head).
-    """
-    w = np.asarray(weights, dtype=np.float64)
-    if total < 0:
-        raise ValueError(f"total must be non-negative, got {total}")
-    flat = w.ravel()
-    if flat.size == 0:
-        return np.zeros(w.shape, dtype=np.int64)
-    if not np.all(np.isfinite(flat)):
-        raise ValueError("weights must be finite")
-    with np.errstate(over="ignore"):
-        s = flat.sum()
-    if not np.isfinite(s):   # finite weights whose sum overflows: the same proportions, scaled down
-        flat = flat / flat.max()
-        s = flat.sum()
-    if s <= 0:
-        flat = np.ones_like(flat)
-        s = float(flat.size)
-    quota = flat / s * total
-    base = np.floor(quota).astype(np.int64)
-    # Guard against float drift: never exceed the total.
-    while base.sum() > total:
-        base[np.argmax(base)] -= 1
-    left = int(total - base.sum())
-    if left:
-        rem = quota - base
-        order = np.lexsort((np.arange(flat.size), -rem))  # largest remainder first, then lowest index
-        base[order[:left]] += 1
-    return base.reshape(w.shape)
 
 
 #: Scores down to this far below zero are read as 0 (learned gates such as DuoAttention's end at -1e-4).

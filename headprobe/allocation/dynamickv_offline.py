@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
@@ -23,7 +24,6 @@ from .clamp import clamp_for_model
 from .common import (
     build_budget_map,
     check_profile_model,
-    largest_remainder,
     method_block,
     resolve_capacity,
     source_entry,

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
@@ -33,7 +34,6 @@ from .common import (
     check_profile_model,
     check_temperature,
     kv_head_scores,
-    largest_remainder,
     method_block,
     prepare_scores,
     resolve_capacity,

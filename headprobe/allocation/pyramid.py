@@ -16,12 +16,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from .allocator import Allocator, Source
 from .clamp import clamp_for_model
-from .common import build_budget_map, largest_remainder, method_block, resolve_capacity
+from .common import build_budget_map, method_block, resolve_capacity
 from .dynamickv_offline import spread_evenly
 from .options import AllocatorOptions, CapacityOptions, option, spelled
 

@@ -13,8 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..allocation.clamp import clamp_and_redistribute
-from ..allocation.common import largest_remainder
+from ..budget_arithmetic import clamp_and_redistribute, largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..models.identity import ModelIdentity
@@ -91,7 +90,7 @@ class MapBudget(BudgetSource):
     Each head gets the window, and the rest of the total (``capacity · layers · kv_heads`` when
     ``capacity`` is given, else the file's own total) is split by the file's ``shares``, clamped to the
     prompt length with the excess redistributed
-    (:func:`~headprobe.allocation.clamp.clamp_and_redistribute`). On models with sliding-window layers
+    (:func:`~headprobe.budget_arithmetic.clamp_and_redistribute`). On models with sliding-window layers
     (Gemma 3), which keep their window whatever the budget, the same mean per head is split over the
     cached (full-attention) layers only, so a budget map and a uniform capacity hold the same bytes.
 

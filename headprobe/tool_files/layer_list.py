@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
+from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
 from ..files.jsonio import atomic_write_json, atomic_write_text, read_headprobe_file, require
@@ -51,8 +52,6 @@ def check_budgets_keep_window(bm: BudgetMap) -> None:
 
 def layer_budgets(bm: BudgetMap) -> dict:
     """The per-layer list of a budget map (see module docs)."""
-    from ..allocation.common import largest_remainder
-
     b = np.asarray(bm.budgets, dtype=np.int64)
     heads = b.shape[1]
     per_layer = b.sum(axis=1)

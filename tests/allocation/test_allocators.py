@@ -14,16 +14,14 @@ from hypothesis import strategies as st
 from headprobe.allocation import (
     ALLOCATORS,
     allocate,
-    clamp_and_redistribute,
     find_profiles,
     headkv_budgets,
     headkv_floor,
-    largest_remainder,
     newest_profile,
     profiles_for_method,
     pyramid_layer_weights,
-    scale_to_prompt,
 )
+from headprobe.budget_arithmetic import clamp_and_redistribute, largest_remainder, scale_to_prompt
 from headprobe.errors import HeadprobeError, ModelMismatchError, flag_spelling
 from headprobe.models.identity import ModelIdentity
 from headprobe.profile import LayerRetention, Profile, reduce_groups

@@ -18,7 +18,8 @@ kvpress = pytest.importorskip("kvpress")
 
 from transformers import DynamicCache, pipeline
 
-from headprobe.allocation import allocate, clamp_and_redistribute
+from headprobe.allocation import allocate
+from headprobe.budget_arithmetic import clamp_and_redistribute
 from headprobe.budget_map import BudgetMap
 from headprobe.errors import HeadprobeError, ModelMismatchError
 from headprobe.library_bridges.kvpress import (

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headprobe import HeadprobeError
-from headprobe.allocation.clamp import split_with_caps
+from headprobe.budget_arithmetic import split_with_caps
 from headprobe.budget_map import BudgetMap
 from headprobe.models.cache_argument import with_cache
 from headprobe.runtime import (

@@ -20,7 +20,7 @@ from typing import ClassVar
 import numpy as np
 import torch
 
-from ...allocation.clamp import split_with_caps
+from ...budget_arithmetic import split_with_caps
 from ...errors import HeadprobeError
 from .base import (
     LayerContext,
