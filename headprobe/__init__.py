@@ -85,7 +85,7 @@ _API: dict[str, dict[str, str]] = {
         "summarize": "allocation.api",
         "clamp_and_redistribute": "budget_arithmetic",
         "BudgetMap": "budget_map",
-        "LayerSplit": "allocation.layer_split",
+        "LayerSplit": "layer_split",
         "choose_layer_split": "allocation.layer_split_choice",
         "layer_scores": "allocation.layer_split_choice",
         "split_budget_map": "allocation.layer_split_choice",

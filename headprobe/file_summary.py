@@ -8,6 +8,7 @@ from .budget_map import BUDGET_FORMAT, BudgetMap
 from .errors import FileFormatError
 from .files.jsonio import read_json
 from .files.trial_log import read_log
+from .layer_split import LayerSplit
 from .profile import PROFILE_FORMAT, Profile
 
 
@@ -138,8 +139,6 @@ def _summarize_budget(budget: BudgetMap, path: Path) -> list[str]:
 
 def _summarize_split(path: Path) -> list[str]:
     """A layer split (``headprobe.layer_split``): its engine, global layers, windows and bytes."""
-    from .allocation.layer_split import LayerSplit
-
     split = LayerSplit.load(path)
     windows = sorted({w for w in split.layers if w != "global"})
     kept, full = split.kept_bytes(), split.full_bytes()

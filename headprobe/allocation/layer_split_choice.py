@@ -21,12 +21,12 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
+from ..layer_split import ENGINES, GLOBAL, LayerSplit
 from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import Profile
 from .common import build_budget_map, kv_head_scores
 from .dynamickv_offline import retention_shares
-from .layer_split import ENGINES, GLOBAL, LayerSplit
 from .options import spelled
 
 #: The policy that runs a split as the engine does (``headprobe.runtime.policies.layer_window``).

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
+from ..layer_split import ENGINES
 from ..models.identity import ModelIdentity
 from .allocator import Allocator, Source
 from .common import source_entry
 from .dynamickv_offline import retention_shares, task_mix, task_option
-from .layer_split import ENGINES
 from .layer_split_choice import (
     LAYER_SCORES,
     SPLIT_POLICY,

@@ -7,9 +7,9 @@ from typing import Any
 
 import torch
 
-from ..allocation.layer_split import LayerSplit
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
+from ..layer_split import LayerSplit
 from ..limits import check_count
 from ..models.cache_argument import with_cache
 from ..models.loading import transformers_model

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import torch
 
-from ..allocation.layer_split import GLOBAL, SPLIT_FORMAT, LayerSplit
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..files.jsonio import read_json
+from ..layer_split import GLOBAL, SPLIT_FORMAT, LayerSplit
 from ..limits import MAX_TOKENS
 from ..models.identity import ModelIdentity
 from .budget_sources import BudgetSource

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..allocation.layer_split import GLOBAL, LayerSplit
 from ..errors import HeadprobeError
+from ..layer_split import GLOBAL, LayerSplit
 
 
 @dataclass(frozen=True)

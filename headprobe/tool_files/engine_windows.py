@@ -13,11 +13,11 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..allocation.layer_split import GLOBAL, LayerSplit
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..files.jsonio import atomic_write_json
 from ..files.overwrite import check_overwrite
+from ..layer_split import GLOBAL, LayerSplit
 from .engine_support import check_engine, check_llama_cpp_arch, check_vllm_arch, one_window
 
 ENGINE_SPLIT_FORMAT = "headprobe.engine_split"

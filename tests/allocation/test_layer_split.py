@@ -8,7 +8,6 @@ from dataclasses import replace
 import pytest
 
 import headprobe as hp
-from headprobe.allocation.layer_split import GLOBAL, LayerSplit
 from headprobe.allocation.layer_split_choice import (
     SplitTarget,
     choose_layer_split,
@@ -16,6 +15,7 @@ from headprobe.allocation.layer_split_choice import (
     split_budget_map,
 )
 from headprobe.errors import FileFormatError, HeadprobeError
+from headprobe.layer_split import GLOBAL, LayerSplit
 from headprobe.models.identity import ModelIdentity
 from tests.conftest import SMOLLM2_IDENTITY
 

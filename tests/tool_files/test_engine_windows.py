@@ -8,9 +8,9 @@ import json
 import pytest
 from headprobe_cli.main import main
 
-from headprobe.allocation.layer_split import GLOBAL, LayerSplit
 from headprobe.allocation.layer_split_choice import split_budget_map
 from headprobe.errors import HeadprobeError
+from headprobe.layer_split import GLOBAL, LayerSplit
 from headprobe.tool_files.engine_windows import (
     llama_cpp_metadata,
     split_of,

@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprobe.allocation.layer_split import GLOBAL, LayerSplit
 from headprobe.allocation.layer_split_choice import split_budget_map
 from headprobe.errors import HeadprobeError
 from headprobe.eval.settings import expand_settings
+from headprobe.layer_split import GLOBAL, LayerSplit
 from headprobe.runtime import generate_compressed
 from tests.conftest import _TINY_TEXT, _tiny_tokenizer, make_tiny_gemma3
 

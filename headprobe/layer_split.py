@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import FileFormatError, HeadprobeError
-from ..files.jsonio import atomic_write_json, read_headprobe_file, require
-from ..limits import MAX_TOKENS
-from ..models.identity import ModelIdentity
+from .errors import FileFormatError, HeadprobeError
+from .files.jsonio import atomic_write_json, read_headprobe_file, require
+from .limits import MAX_TOKENS
+from .models.identity import ModelIdentity
 
 SPLIT_FORMAT = "headprobe.layer_split"
 SPLIT_VERSION = 1
