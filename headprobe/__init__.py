@@ -5,12 +5,15 @@ the public name differs). It is what a user calls: load a model, profile, alloca
 explain, plot, import and export, and the file types. What a command line needs besides (flag-value
 parsers, the checks of a command's outputs before a model loads, atomic writes) is :mod:`headprobe.frontend`.
 Names are imported on first use (PEP 562), so ``import headprobe`` loads neither torch, transformers nor
-matplotlib; using a name that needs them loads them.
+matplotlib; using a name that needs them loads them. The one module imported here is the probe registry
+(standard library only): it registers the built-in passes' profile kinds with the profile file type
+(:mod:`headprobe.profile_kinds`) before any profile is read.
 """
 
 from __future__ import annotations
 
 from .lazy_exports import lazy_exports
+from .probes import registry as _probe_registry  # noqa: F401  (registers the built-in passes' profile kinds)
 
 __version__ = "0.1.0"
 
@@ -64,7 +67,8 @@ _API: dict[str, dict[str, str]] = {
         "run_profile": "probes.run",
         "check_profile_run": "probes.plan",
         "RetentionConfig": "probes.retention",
-        "PROFILE_KINDS": "probes.registry",
+        "PROFILE_KINDS": "profile_kinds",
+        "HEAD_SCORE_KINDS": "profile_kinds",
         "read_contexts": "haystack.contexts",
         "ContextFields": "haystack.qa_data",
         "LayerRetention": "profile",

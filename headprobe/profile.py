@@ -15,7 +15,7 @@ from .errors import FileFormatError
 from .files.jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
 from .head_ranking import top_heads
 from .models.identity import ModelIdentity
-from .probes.registry import PROFILE_KINDS
+from .profile_kinds import PROFILE_KINDS
 
 PROFILE_FORMAT = "headprobe.profile"
 PROFILE_VERSION = 1
@@ -48,7 +48,7 @@ class Profile:
     Attributes
     ----------
     kind
-        One of :data:`~headprobe.probes.registry.PROFILE_KINDS` (the registered probe passes' kinds).
+        One of :data:`~headprobe.profile_kinds.PROFILE_KINDS` (the registered probe passes' kinds).
     model
         The model the scores belong to.
     probe

@@ -19,8 +19,8 @@ def register(sub, formatter) -> None:
     p.add_argument("--from", dest="fmt", default=None, choices=headprobe.IMPORT_FORMATS,
                    help="input format (default: from the path)")
     add_model_argument(p, default=None, help="alias or HF id of the model (default: from the file name)")
-    p.add_argument("--kind", default=None, choices=["retrieval", "enhanced_retrieval", "retrieval_reasoning"],
-                   help="profile kind (default: from the file name)")
+    p.add_argument("--kind", default=None, choices=headprobe.HEAD_SCORE_KINDS,
+                   help="profile kind, any whose profiles hold head scores (default: from the file name)")
     p.add_argument("-o", "--output", default=None, help="profile file (default: <model>.<kind>.<source>.json in the "
                    "user's profiles folder, where allocate looks; see headprobe profile --help)")
     add_force_argument(p)

@@ -12,17 +12,43 @@ from typing import Any
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
-from ..probes.registry import profile_kinds
 from ..profile import Profile
+from ..profile_kinds import HEAD_SCORE_KINDS
 from .options import AllocatorOptions, CapacityOptions, spelled
 
-#: What a method can read from profiles → (the profile kind looked up when none is given, in words).
-_HEAD_SCORE_KINDS = profile_kinds("head_scores")      # the probe passes' kinds whose profiles hold head scores
+#: The head-score profile kind looked up when a head allocator is given no profile.
+DEFAULT_HEAD_KIND = "retrieval_reasoning"
 
-NEEDS: dict[str, tuple[str, str]] = {
-    "head_scores": ("retrieval_reasoning",
-                    f"a head-score profile ({', '.join(_HEAD_SCORE_KINDS[:-1])} or {_HEAD_SCORE_KINDS[-1]})"),
-    "layer_retention": ("layer_retention", "a layer_retention profile"),
+
+@dataclass(frozen=True)
+class Need:
+    """What a method reads from one profile.
+
+    Attributes
+    ----------
+    default_kind
+        The profile kind looked up when none is given.
+    holds
+        What that profile holds (one of :data:`~headprobe.profile_kinds.HOLDS`).
+    """
+
+    default_kind: str
+    holds: str
+
+    @property
+    def words(self) -> str:
+        """The profile in words, for an error: a head-score profile names every registered head-score kind
+        (read from the kinds table when asked, so a pass registered later is named too)."""
+        if self.holds != "head_scores":
+            return f"a {self.default_kind} profile"
+        kinds = tuple(HEAD_SCORE_KINDS)
+        return f"a head-score profile ({', '.join(kinds[:-1])} or {kinds[-1]})"
+
+
+#: What a method can read from profiles, by the name an :class:`Allocator` lists in ``needs``.
+NEEDS: dict[str, Need] = {
+    "head_scores": Need(DEFAULT_HEAD_KIND, "head_scores"),
+    "layer_retention": Need("layer_retention", "layer_retention"),
 }
 
 #: One profile the method reads, with the path it was loaded from (``None`` when not from a file).
@@ -67,7 +93,7 @@ class Allocator:
     @property
     def default_kinds(self) -> tuple[str, ...]:
         """The profile kinds looked up for ``needs`` when no profile is given."""
-        return tuple(NEEDS[n][0] for n in self.needs)
+        return tuple(NEEDS[n].default_kind for n in self.needs)
 
     def check_options(self, given: Mapping[str, Any],
                       readers: Callable[[str], Sequence[str]] = lambda name: ()) -> AllocatorOptions:  # noqa: ARG005 (every allocator takes the same arguments)
@@ -97,4 +123,4 @@ class Allocator:
         return self.options(**given)
 
 
-__all__: Sequence[str] = ("NEEDS", "Allocator", "Source")
+__all__: Sequence[str] = ("DEFAULT_HEAD_KIND", "NEEDS", "Allocator", "Need", "Source")

@@ -14,6 +14,7 @@ from ..errors import FileFormatError, HeadprobeError
 from ..models.identity import ModelIdentity
 from ..paths import shipped_profiles_dir, user_profiles_dir
 from ..profile import Profile
+from .allocator import DEFAULT_HEAD_KIND
 from .options import CapacityOptions
 from .registry import ALLOCATORS, DEFAULT_BETA, NEEDS, Source, check_allocator_options
 
@@ -78,7 +79,7 @@ def allocate(method: str = "headkv", profiles: Sequence[Profile] = (), model: Mo
     sources = _match_needs(allocator.needs, list(zip(profiles, paths[:len(profiles)], strict=True)))
     if sources is None:
         kinds = " ".join(allocator.default_kinds)
-        raise HeadprobeError(f"method {method} needs " + " and ".join(NEEDS[n][1] for n in allocator.needs)
+        raise HeadprobeError(f"method {method} needs " + " and ".join(NEEDS[n].words for n in allocator.needs)
                              + f"; make one with `headprobe profile --probe {kinds}`")
     return allocator.run(model, sources, capacity_options, chosen)
 
@@ -132,7 +133,7 @@ def profile_search_dirs() -> list[Path]:
     return out
 
 
-def find_profiles(model: ModelIdentity | str, kind: str = "retrieval_reasoning",
+def find_profiles(model: ModelIdentity | str, kind: str = DEFAULT_HEAD_KIND,
                   dirs: Sequence[Path] | None = None) -> list[FoundProfile]:
     """Profiles of ``kind`` for ``model``, newest first (by ``created``; local before shipped on ties).
 
@@ -156,7 +157,7 @@ def find_profiles(model: ModelIdentity | str, kind: str = "retrieval_reasoning",
     return [f for _, _, f in found]
 
 
-def newest_profile(model: ModelIdentity | str, kind: str = "retrieval_reasoning",
+def newest_profile(model: ModelIdentity | str, kind: str = DEFAULT_HEAD_KIND,
                    dirs: Sequence[Path] | None = None) -> FoundProfile:
     """The newest profile of ``kind`` for ``model``; a one-line error saying how to make one if none."""
     found = find_profiles(model, kind, dirs)

@@ -2,29 +2,29 @@
 
 A pass runs one kind of trial and keeps one trial log (``<stem>.<pass>.trials.jsonl``); each of its
 profile kinds is a probe a user asks for (``probes=[...]``, ``--probe``) and a profile it writes
-(``<stem>.<kind>.json``). :data:`PROFILE_KINDS`, ``run_profile``'s passes, the command line's ``--probe``
-choices, what a profile file may say it holds and which profiles an allocator can read all come from
-here.
+(``<stem>.<kind>.json``). ``run_profile``'s passes come from here; registering a pass adds its kinds to
+the profile file type's table (:mod:`headprobe.profile_kinds`), from which :data:`PROFILE_KINDS`, the
+command line's ``--probe`` and ``import --kind`` choices, what a profile file may say it holds and which
+profiles an allocator can read all come.
 
 A pass is declared here in one line: its name, its profile kinds, what its profiles hold, and where its
 steps are (:class:`~headprobe.probes.pass_steps.PassSteps`: read the input, describe the settings, run
 the trials by mode, average the log into profiles), as ``"module:attribute"`` under
 ``headprobe.probes``. The steps are imported when a run first needs them, so this module imports
-nothing but the error types: ``headprobe --help`` and the profile file reader use it without loading
-torch, and the modules that run a pass (which write profiles) stay above the profile file type.
+nothing but the error types and the kinds table: ``import headprobe`` imports it (so the built-in kinds
+are registered before any profile is read) without loading torch or NumPy, and the modules that run a
+pass (which write profiles) stay above the profile file type.
 """
 
 from __future__ import annotations
 
 import importlib
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from ..errors import HeadprobeError, param
-
-#: What a pass's profiles hold: per-head scores, or per-layer retention (what allocation reads them for).
-HOLDS = ("head_scores", "layer_retention")
+from ..profile_kinds import HOLDS, PROFILE_KINDS, add_kinds, profile_kinds, remove_kinds
 
 
 @dataclass(frozen=True)
@@ -105,13 +105,17 @@ def register_pass(probe_pass: ProbePass) -> ProbePass:
     if probe_pass.holds not in HOLDS:
         raise ValueError(f"probe pass {probe_pass.name!r}: holds {probe_pass.holds!r}, expected one of {HOLDS}")
     _PASSES[probe_pass.name] = probe_pass
+    add_kinds(probe_pass.kinds, probe_pass.holds)
     return probe_pass
 
 
 def unregister_pass(name: str) -> None:
     """Remove the pass ``name`` (a pass registered for a while, e.g. in a test)."""
     removed = _PASSES.pop(name, None)
-    if removed is not None and isinstance(removed.steps, str):
+    if removed is None:
+        return
+    remove_kinds(removed.kinds)
+    if isinstance(removed.steps, str):
         _LOADED.pop(removed.steps, None)
 
 
@@ -144,46 +148,7 @@ def passes_for(probes: Iterable[str]) -> list[ProbePass]:
     return list(dict.fromkeys(pass_of_kind(p) for p in probes))
 
 
-def profile_kinds(holds: str | None = None) -> tuple[str, ...]:
-    """Every registered pass's profile kinds, in order (only those of passes whose profiles hold ``holds``)."""
-    return tuple(k for p in _PASSES.values() if holds is None or p.holds == holds for k in p.kinds)
-
-
-class KindNames(Sequence[str]):
-    """The registered passes' profile kinds (only those of passes whose profiles hold ``holds``, when
-    given), read from the registry each time (a pass registered later is in it): iterate it, test
-    membership, index it, join it."""
-
-    def __init__(self, holds: str | None = None) -> None:
-        self.holds = holds
-
-    def _names(self) -> tuple[str, ...]:
-        return profile_kinds(self.holds)
-
-    def __getitem__(self, index):  # type: ignore[override]
-        return self._names()[index]
-
-    def __len__(self) -> int:
-        return len(self._names())
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._names())
-
-    def __contains__(self, value: object) -> bool:
-        return value in self._names()
-
-    def __eq__(self, other: object) -> bool:
-        return tuple(self) == (tuple(other) if isinstance(other, Sequence) and not isinstance(other, str) else other)
-
-    __hash__ = None  # type: ignore[assignment]
-
-    def __repr__(self) -> str:
-        return repr(self._names())
-
-
-#: Probe kinds a profile can hold: every registered pass's kinds. A probe is asked for by its kind, so
-#: these are also the probes ``run_profile`` and ``headprobe profile --probe`` take.
-PROFILE_KINDS = KindNames()
+#: The probes ``run_profile`` and ``headprobe profile --probe`` take: every registered pass's profile kinds.
 PROBES = PROFILE_KINDS
 
 for _builtin in BUILTIN_PASSES:

@@ -20,7 +20,8 @@ from ..errors import FileFormatError, HeadprobeError
 from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
 from ..files.overwrite import check_overwrite
 from ..models.identity import ModelIdentity
-from ..profile import PROFILE_KINDS, Profile, reduce_groups
+from ..profile import Profile, reduce_groups
+from ..profile_kinds import HEAD_SCORE_KINDS
 from .known import check_import_index, check_import_shape, import_model_identity
 
 _KEY = re.compile(r"^(\d+)-(\d+)$")
@@ -89,7 +90,7 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
     check_import_shape(path, ident, layers, heads, "query")
     if kind is None:
         kind = "retrieval_reasoning" if "reasoning" in path.stem else "retrieval"
-    if kind not in PROFILE_KINDS or kind == "layer_retention":
+    if kind not in HEAD_SCORE_KINDS:
         raise FileFormatError(path, None, f"cannot import as kind {kind!r}")
     if source is None:
         source = "headkv" if path.stem.endswith(("_heads",)) else "retrieval_head"

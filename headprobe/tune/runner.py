@@ -32,6 +32,7 @@ import numpy as np
 from ..errors import HeadprobeError
 from ..eval.presets import PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, expand_settings
+from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
 from .halving import HalvingRule, Standing, rank_rung, rung_items
 from .space import (
     UNIFORM,
@@ -436,12 +437,12 @@ class TuneOutcome:
 
 def found_profiles(identity: Any, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
     """The newest profile of each kind the search space's allocations read (head scores of
-    :data:`~headprobe.tune.space.HEAD_KINDS`, layer retention) that exists for the model ``identity``."""
+    :data:`~headprobe.profile_kinds.HEAD_SCORE_KINDS`, then layer retention) that exists for the model
+    ``identity``."""
     from ..allocation.api import find_profiles
-    from .space import HEAD_KINDS
 
     out = {}
-    for kind in (*HEAD_KINDS, "layer_retention"):
+    for kind in (*HEAD_SCORE_KINDS, *KindNames("layer_retention")):
         found = find_profiles(identity, kind, profile_dirs)
         if found:
             out[kind] = found[0].profile

@@ -28,18 +28,13 @@ from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
 from ..eval.presets import PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, expand_settings, make_setting
-from ..probes.registry import KindNames
+from ..profile_kinds import HEAD_SCORE_KINDS
 
 #: The policy options ``headprobe tune`` searches, and the values it tries (each where the policy declares
 #: it): the observation window (HeadKV's 8, SnapKV's 32, the question of each prompt), the pooling kernel
 #: (kvpress' 5, SnapKV's and HeadKV's 7) and the pooling type.
 POLICY_SEARCH: dict[str, tuple[Any, ...]] = {"window": (8, 32, QUESTION_WINDOW), "kernel_size": (5, 7),
                                              "pooling": ("max", "avg")}
-
-#: Head-score profile kinds (the ``head_scores`` need of an allocator): every registered probe pass's kinds
-#: whose profiles hold head scores, read from the registry each time.
-HEAD_KINDS = KindNames("head_scores")
-
 
 def budget_policies() -> tuple[str, ...]:
     """The policies that read a budget (and so can run a budget map), in registry order."""
@@ -199,8 +194,8 @@ class SearchSpace:
             if a not in ALLOCATORS:
                 raise HeadprobeError(f"{param('allocations', a)}: expected some of {', '.join(ALLOCATORS)}")
         for k in self.head_kinds:
-            if k not in HEAD_KINDS:
-                raise HeadprobeError(f"{param('head_kinds', k)}: expected some of {', '.join(HEAD_KINDS)}")
+            if k not in HEAD_SCORE_KINDS:
+                raise HeadprobeError(f"{param('head_kinds', k)}: expected some of {', '.join(HEAD_SCORE_KINDS)}")
         if self.keep_selections < 1:
             raise HeadprobeError(f"{param('keep_selections', self.keep_selections)}: expected 1 or more")
         policy_keys = {k for p in self.policies for k in searched_policy_options(p)}
@@ -270,10 +265,10 @@ def allocations(space: SearchSpace, profiles: Mapping[str, Any]) -> list[Allocat
     from ..allocation.allocator import NEEDS
 
     out: list[Allocation] = []
-    heads = [k for k in (space.head_kinds or HEAD_KINDS) if k in profiles]
+    heads = [k for k in (space.head_kinds or HEAD_SCORE_KINDS) if k in profiles]
     for name in space.allocations:
         allocator = ALLOCATORS[name]
-        choices = [heads if need == "head_scores" else [NEEDS[need][0]] for need in allocator.needs]
+        choices = [heads if need == "head_scores" else [NEEDS[need].default_kind] for need in allocator.needs]
         for kinds in itertools.product(*choices):
             if any(k not in profiles for k in kinds):
                 continue
@@ -327,11 +322,11 @@ def preset_seeds(space: SearchSpace, capacity: int) -> list[EvalSetting]:
     """The presets at ``capacity`` whose policy, allocation and head-profile kinds the space searches (whether
     their profiles exist for the model is the caller's to check)."""
     out = []
-    kinds = space.head_kinds or HEAD_KINDS
+    kinds = space.head_kinds or HEAD_SCORE_KINDS
     for name, (policy, alloc, profiles, _options) in PRESETS.items():
         if policy == "full" or policy not in space.policies or (alloc or "uniform") not in space.allocations:
             continue
-        if any(p in HEAD_KINDS and p not in kinds for p in profiles):
+        if any(p in HEAD_SCORE_KINDS and p not in kinds for p in profiles):
             continue
         out.append(expand_settings([f"{name}@{capacity}"], [])[0])
     return out
@@ -359,6 +354,6 @@ def dedupe(settings: Sequence[EvalSetting]) -> list[EvalSetting]:
     return list(seen.values())
 
 
-__all__ = ("HEAD_KINDS", "POLICY_SEARCH", "UNIFORM", "Allocation", "SearchSpace", "Selection", "allocations",
+__all__ = ("POLICY_SEARCH", "UNIFORM", "Allocation", "SearchSpace", "Selection", "allocations",
            "budget_policies", "candidate", "canonical", "count_candidates", "dedupe", "default_policies", "parse_values",
            "preset_seeds", "searched_policy_options", "selection_of", "selections")

@@ -156,6 +156,9 @@ def test_a_registered_allocator_runs_by_name_with_its_options(toy):
     with pytest.raises(HeadprobeError, match="bonus=2: does not apply to method uniform .read by toy"):
         allocate("uniform", model=SMOL, bonus=2)
     assert issubclass(toy.options, AllocatorOptions)
+    from headprobe.tune.space import SearchSpace
+
+    assert "toy" in SearchSpace().allocations          # tune's default space: every registered method
 
 
 def test_a_registered_allocator_gets_its_flag_and_its_setting_options(toy, tmp_path, monkeypatch, capsys):

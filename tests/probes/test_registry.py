@@ -122,31 +122,38 @@ def examples(tmp_path) -> Path:
 
 # ---- derived lists ----------------------------------------------------------------------------------
 
-BUILTIN_KINDS = ("retrieval", "enhanced_retrieval", "retrieval_reasoning", "layer_retention", "context_retrieval",
-                 "context_enhanced_retrieval", "query_focus")
+def kinds_of(passes, holds: str | None = None) -> tuple[str, ...]:
+    """The profile kinds of ``passes``, in order (only those whose profiles hold ``holds``)."""
+    return tuple(k for p in passes if holds is None or p.holds == holds for k in p.kinds)
 
 
 def test_every_list_of_kinds_comes_from_the_registry(sink_pass):
-    from headprobe.eval.settings import PROFILE_KINDS as eval_kinds
-    from headprobe.profile import PROFILE_KINDS as profile_kinds
+    from headprobe_cli.main import build_parser
 
-    for kinds in (headprobe.PROBES, headprobe.PROFILE_KINDS, profile_kinds, eval_kinds):
-        assert tuple(kinds) == (*BUILTIN_KINDS, "toy_sink")
-    assert "toy_sink" in headprobe.PROFILE_KINDS and registry.pass_of_kind("toy_sink") is sink_pass
-    assert registry.profile_kinds("head_scores") == ("retrieval", "enhanced_retrieval", "retrieval_reasoning",
-                                                     "context_retrieval", "context_enhanced_retrieval",
-                                                     "query_focus", "toy_sink")
+    from headprobe.allocation.registry import NEEDS
+    from headprobe.eval.settings import PROFILE_KINDS as eval_kinds
+    from headprobe.profile_kinds import PROFILE_KINDS as file_kinds
+
+    passes = registry.probe_passes()
+    assert passes[-1] is sink_pass and kinds_of(passes)[-1] == "toy_sink"
+    for kinds in (headprobe.PROBES, headprobe.PROFILE_KINDS, file_kinds, eval_kinds):
+        assert tuple(kinds) == kinds_of(passes)
+    assert registry.pass_of_kind("toy_sink") is sink_pass
+    head_kinds = kinds_of(passes, "head_scores")
+    assert tuple(headprobe.HEAD_SCORE_KINDS) == head_kinds and "toy_sink" in head_kinds
+    assert all(k in NEEDS["head_scores"].words for k in head_kinds)       # an allocator's "needs" message
+    assert build_parser().parse_args(["import", "scores.json", "--kind", "toy_sink"]).kind == "toy_sink"
 
 
 def test_the_built_in_passes_and_their_steps_agree():
-    assert tuple(headprobe.PROFILE_KINDS) == BUILTIN_KINDS
+    assert tuple(headprobe.PROFILE_KINDS) == kinds_of(registry.BUILTIN_PASSES)
     for probe_pass in registry.probe_passes():
         assert probe_pass.implementation.kinds == probe_pass.kinds, probe_pass.name
         modes = probe_pass.implementation.modes        # the user's contexts have no haystack to reuse
         assert modes == (("fast", "reference") if probe_pass.name == "contexts" else tuple(headprobe.MODES))
     from headprobe.allocation.registry import NEEDS
-    assert NEEDS["head_scores"][1].startswith("a head-score profile (retrieval, enhanced_retrieval, retrieval_reasoning, "
-                                              "context_retrieval, context_enhanced_retrieval")   # + passes added
+    head_kinds = kinds_of(registry.BUILTIN_PASSES, "head_scores")
+    assert NEEDS["head_scores"].words == f"a head-score profile ({', '.join(head_kinds[:-1])} or {head_kinds[-1]})"
 
 
 def test_a_pass_is_registered_once_and_a_kind_belongs_to_one_pass(sink_pass):
@@ -209,9 +216,10 @@ def test_a_registered_pass_is_checked_before_the_model_loads(sink_pass, tiny_dir
 
 def test_an_unregistered_pass_is_gone(examples, tmp_path, capsys):
     assert "toy_sink" not in headprobe.PROBES
-    with pytest.raises(SystemExit):
-        main(["profile", "--probe", "toy_sink"])
-    assert "invalid choice: 'toy_sink'" in capsys.readouterr().err
+    for argv in (["profile", "--probe", "toy_sink"], ["import", "scores.json", "--kind", "toy_sink"]):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert "invalid choice: 'toy_sink'" in capsys.readouterr().err
     with pytest.raises(HeadprobeError, match="probes='toy_sink': unknown probe"):
         check_profile_run(ProfileRequest(probes=["toy_sink"], out_dir=tmp_path), "tiny")
 
