@@ -1,4 +1,5 @@
-"""Profiles: head scores and layer retention of one model, the file that probes write.
+"""Profiles: head scores and layer retention of one model, the file that probes write, and the checks and
+reductions of its head scores that allocation and the other tools' writers share.
 
 A profile is ``{"format": "headprobe.profile", "version": 1, ...}``; see ``docs/formats.md``.
 """
@@ -11,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import FileFormatError
+import numpy as np
+
+from .errors import FileFormatError, HeadprobeError
 from .files.jsonio import atomic_write_json, fingerprint, read_headprobe_file, require, require_matrix
 from .head_ranking import top_heads
 from .models.identity import ModelIdentity
@@ -275,3 +278,43 @@ def _mean(values: list[float]) -> float:
         return math.fsum(values) / len(values)
     except OverflowError:
         return math.fsum(v / len(values) for v in values)
+
+
+#: Scores down to this far below zero are read as 0 (learned gates such as DuoAttention's end at -1e-4).
+NEGATIVE_NOISE = 1e-3
+
+
+def check_head_scores(profile: Profile) -> None:
+    """Refuse head scores no probe produces: a negative score (every probe's scores are means of
+    non-negative quantities; QRHead's negative means are written as 0; imported learned gates may end
+    just below 0, down to ``-NEGATIVE_NOISE``), which would take budget from the heads an allocator splits
+    it over. Checked on the query-head scores, whatever KV-head scores the file stores beside them.
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the profile, the head and the score.
+    """
+    scores = np.asarray(profile.query_heads, dtype=np.float64)
+    if scores.size and scores.min() < -NEGATIVE_NOISE:
+        layer, head = (int(i) for i in np.unravel_index(int(np.argmin(scores)), scores.shape))
+        raise HeadprobeError(f"{profile.kind} profile of {profile.model.name}: field 'scores.query_heads[{layer}]"
+                             f"[{head}]': expected a score of at least 0, found {float(scores[layer, head])!r}")
+
+
+def kv_head_scores(profile: Profile, reduction: str | None = None) -> list[list[float]]:
+    """The profile's scores at KV-head granularity, reduced over each GQA group with ``reduction``.
+
+    ``None`` uses the reduction the profile was written with (its stored ``kv_heads``).
+    """
+    if profile.query_heads is None:
+        raise HeadprobeError(f"{profile.kind} profile of {profile.model.name} has no head scores "
+                             "(a layer-retention profile cannot drive a head allocator)")
+    check_head_scores(profile)
+    if reduction is None or (reduction == profile.group_reduction and profile.kv_heads is not None):
+        if profile.kv_heads is not None:
+            return profile.kv_heads
+        reduction = "mean"
+    if reduction not in GROUP_REDUCTIONS:
+        raise HeadprobeError(f"reduction must be one of {', '.join(GROUP_REDUCTIONS)}, got {reduction!r}")
+    return reduce_groups(profile.query_heads, profile.model.group_size, reduction)

@@ -16,14 +16,13 @@ from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
-from ..profile import Profile
+from ..profile import Profile, kv_head_scores
 from .allocator import Allocator, Source
 from .clamp import clamp_for_model
 from .common import (
     build_budget_map,
     check_beta,
     check_profile_model,
-    kv_head_scores,
     method_block,
     prepare_scores,
     resolve_capacity,

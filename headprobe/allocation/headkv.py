@@ -23,17 +23,14 @@ from ..budget_arithmetic import largest_remainder
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
-from ..profile import GROUP_REDUCTIONS, Profile
+from ..profile import GROUP_REDUCTIONS, NEGATIVE_NOISE, Profile, check_head_scores, kv_head_scores
 from .allocator import Allocator, Source
 from .clamp import clamp_for_model
 from .common import (
-    NEGATIVE_NOISE,
     build_budget_map,
     check_beta,
-    check_head_scores,
     check_profile_model,
     check_temperature,
-    kv_head_scores,
     method_block,
     prepare_scores,
     resolve_capacity,

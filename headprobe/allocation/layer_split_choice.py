@@ -24,8 +24,8 @@ from ..errors import HeadprobeError, param
 from ..layer_split import ENGINES, GLOBAL, LayerSplit
 from ..limits import check_count
 from ..models.identity import ModelIdentity
-from ..profile import Profile
-from .common import build_budget_map, kv_head_scores
+from ..profile import Profile, kv_head_scores
+from .common import build_budget_map
 from .dynamickv_offline import retention_shares
 from .options import spelled
 

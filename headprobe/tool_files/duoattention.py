@@ -41,7 +41,7 @@ from ..files.overwrite import check_overwrite
 from ..head_ranking import rank_order
 from ..limits import check_count
 from ..models.identity import ModelIdentity
-from ..profile import Profile
+from ..profile import Profile, kv_head_scores
 from .known import check_import_index, import_identity
 from .layer_list import check_budgets_keep_window
 
@@ -181,7 +181,6 @@ def export_scores(source: Profile | BudgetMap, reduction: str | None = None) -> 
             raise HeadprobeError("DuoAttention patterns are per KV head; this budget map is per query head "
                                  f"(made with {param('compat', 'headkv')})")
         return np.asarray(source.shares, dtype=np.float64)
-    from ..allocation.common import kv_head_scores
     return np.asarray(kv_head_scores(source, reduction), dtype=np.float64)
 
 

@@ -20,7 +20,7 @@ from ..errors import FileFormatError, HeadprobeError
 from ..files.jsonio import atomic_write_text, file_fingerprint, read_json
 from ..files.overwrite import check_overwrite
 from ..models.identity import ModelIdentity
-from ..profile import Profile, reduce_groups
+from ..profile import Profile, check_head_scores, reduce_groups
 from ..profile_kinds import HEAD_SCORE_KINDS
 from .known import check_import_index, check_import_shape, import_model_identity
 
@@ -122,8 +122,6 @@ def headkv_json_text(profile: Profile) -> str:
         HeadKV's and KVCache-Factory's allocation would give that head less than the floor every head
         keeps, and headprobe's own ``allocate`` refuses the file this would write.
     """
-    from ..allocation.common import check_head_scores
-
     if profile.query_heads is None:
         raise FileFormatError("<profile>", "scores", "a layer-retention profile has no head scores to export")
     try:
