@@ -12,6 +12,7 @@ from typing import Any
 from ..errors import HeadprobeError, param
 from ..haystack.prompt_format import prompt_format_of
 from ..haystack.qa_data import ContextFields, open_dataset, read_rows  # noqa: F401 (open_dataset: its earlier home)
+from ..library_bridges.press_settings import KVPRESS
 from .answer_tasks import LongBenchQA, qa_prompt_ids  # noqa: F401 (qa_prompt_ids: its earlier home)
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
@@ -114,6 +115,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                                  "placed (the needle, babi or longgen task); give a window in tokens")
     budgets = resolve_budgets(lm, settings)
     prompts = [answer_task.prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
+    spans = _question_spans(lm, examples, prompts, settings, answer_task, chat_template)
     form = prompt_format_of(lm.tokenizer, chat_template)
     task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
             "max_length": max_length}
@@ -128,17 +130,38 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
             progress(len(examples) * (len(settings) - len(pending)))
         if share_prefill and sum(shares_prefill(s) for s in pending) > 1:
             cells.add(_answer_sharing_prefill(lm, examples, prompts, pending, budgets, max_length, max_new_tokens,
-                                              form, progress, answer_task))
+                                              form, progress, answer_task, spans))
         else:
             for s in pending:
                 trials = []
-                for ex, ids in zip(examples, prompts, strict=True):
-                    run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens))
+                for ex, ids, span in zip(examples, prompts, spans, strict=True):
+                    run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens),
+                                      question_span=span)
                     trials.append(_trial(ex, ids, run, form, answer_task))
                     if progress:
                         progress(1)
                 cells.add([cell_record(s, max_length, None, trials)])
         return cells.finish()
+
+
+def _question_spans(lm: Any, examples: list[Any], prompts: list[list[int]], settings: list[EvalSetting],
+                    answer_task: Any, chat_template: bool) -> list[tuple[int, int] | None]:
+    """Per example, the ``(start, end)`` token positions of its question, when a kvpress setting needs them
+    (kvpress compresses the context before the question); ``None`` otherwise.
+
+    Raises
+    ------
+    HeadprobeError
+        A kvpress setting under an answer task that does not say where its question starts.
+    """
+    press = next((s for s in settings if s.policy == KVPRESS), None)
+    if press is None:
+        return [None] * len(examples)
+    if not hasattr(answer_task, "question_span"):
+        raise HeadprobeError(f"setting {press.label}: kvpress settings run where the prompt's question is known "
+                             "(--task ruler, needle, babi); this dataset's prompt does not mark it")
+    return [answer_task.question_span(lm.tokenizer, ex, ids, chat_template)
+            for ex, ids in zip(examples, prompts, strict=True)]
 
 
 def _trial(ex: QAExample, ids: list[int], run: Any, form: str, answer_task: Any) -> dict[str, Any]:
@@ -150,7 +173,8 @@ def _trial(ex: QAExample, ids: list[int], run: Any, form: str, answer_task: Any)
 def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[list[int]],
                             settings: list[EvalSetting], budgets: dict[str, Any], max_length: int,
                             max_new_tokens: int, form: str,
-                            progress: Callable[[int], None] | None, answer_task: Any) -> list[dict[str, Any]]:
+                            progress: Callable[[int], None] | None, answer_task: Any,
+                            spans: list[tuple[int, int] | None]) -> list[dict[str, Any]]:
     """Every example under every setting, examples outer: one recorded prompt forward per example serves
     the settings that prefill with plain attention. Returns one cell record per setting, in their order."""
     import torch
@@ -159,11 +183,11 @@ def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[li
     from .runner import shares_prefill
 
     trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
-    for ex, ids in zip(examples, prompts, strict=True):
+    for ex, ids, span in zip(examples, prompts, spans, strict=True):
         prefill = record_prefill(lm, input_ids=torch.tensor([ids]))
         for s in settings:
             run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens),
-                              prefill=prefill if shares_prefill(s) else None)
+                              prefill=prefill if shares_prefill(s) else None, question_span=span)
             trials[s.label].append(_trial(ex, ids, run, form, answer_task))
             if progress:
                 progress(1)

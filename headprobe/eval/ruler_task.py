@@ -65,6 +65,20 @@ class RulerTask:
                                  f"generate are beyond the model's context of {max_length} tokens")
         return ids
 
+    def question_span(self, tokenizer: Any, ex: RulerExample, ids: list[int], chat_template: bool) -> tuple[int, int]:
+        """``(start, end)`` token positions of the question (RULER's split) in the prompt's tokens ``ids``:
+        the tokens that start before the question's first character are the context (a token across the
+        boundary is context), those that start before its end are the question."""
+        text, special = ruler_prompt_text(tokenizer, ex, chat_template)
+        start = text.rfind(ex.question) if ex.question else -1
+        enc = tokenizer(text, add_special_tokens=special, return_offsets_mapping=True)
+        if start < 0 or list(enc["input_ids"]) != list(ids):
+            raise HeadprobeError(f"RULER sample {ex.id}: cannot find where the question starts in its prompt")
+        end = start + len(ex.question)
+        offsets = enc["offset_mapping"]
+        return (sum(1 for s, e in offsets if s < start or s == e == 0),
+                sum(1 for s, e in offsets if s < end or s == e == 0))
+
     def new_tokens(self, ex: RulerExample, max_new_tokens: int) -> int:  # noqa: ARG002 (the QA task's signature)
         """Tokens ``ex`` may generate: RULER's for its task, capped by :attr:`max_new_tokens`."""
         return min(ex.tokens_to_generate, self.max_new_tokens or ex.tokens_to_generate)

@@ -22,6 +22,7 @@ from ..errors import HeadprobeError, param
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
 from ..haystack.prompt_format import prompt_format_of
+from ..library_bridges.press_settings import KVPRESS
 from ..limits import check_count
 from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
@@ -91,6 +92,8 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
 
     if setting.capacity is None:
         return None
+    if setting.policy == KVPRESS:       # the press keeps the capacity; kvpress places it
+        return setting.capacity
     if window is None:
         window = setting.window()
         if not isinstance(window, int):
@@ -194,7 +197,8 @@ def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetti
     is the full cache's answer, which ``fidelity`` items are scored against; the ``full`` setting's own
     answer is that reference when none is given.
     """
-    run = run_setting(lm, context.input_ids, setting, budget, max_new_tokens, prefill)
+    span = context.question_span if setting.policy == KVPRESS else None
+    run = run_setting(lm, context.input_ids, setting, budget, max_new_tokens, prefill, span)
     text = run.text
     extra: dict[str, Any] = {}
     if item.scorer == "fidelity":
@@ -217,7 +221,7 @@ def shares_prefill(setting: EvalSetting) -> bool:
     """Whether the setting's policy prefills with plain attention (one recorded forward serves it)."""
     from ..runtime import POLICIES
 
-    return bool(POLICIES[setting.policy].full_prefill)
+    return setting.policy != KVPRESS and bool(POLICIES[setting.policy].full_prefill)
 
 
 class GridPrompts:

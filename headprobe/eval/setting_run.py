@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from ..errors import HeadprobeError
+from ..library_bridges.press_settings import KVPRESS, run_press
 from .settings import EvalSetting
 
 
@@ -42,12 +44,15 @@ class SettingRun:
     full_cache_bytes: int
     seconds: float
     shared_prefill: bool = False
+    press: dict[str, Any] | None = None
 
     def measurements(self) -> dict[str, Any]:
-        """The fields every trial record carries (besides the answer and its score)."""
+        """The fields every trial record carries (besides the answer and its score); a kvpress setting's
+        also carry ``compression_ratio`` and ``attended_tokens``
+        (:mod:`headprobe.library_bridges.press_settings`)."""
         return {"cache_bytes": self.cache_bytes, "used_bytes": self.used_bytes,
                 "full_cache_bytes": self.full_cache_bytes, "seconds": round(self.seconds, 4),
-                "new_tokens": self.new_tokens, "shared_prefill": self.shared_prefill}
+                "new_tokens": self.new_tokens, "shared_prefill": self.shared_prefill, **(self.press or {})}
 
 
 def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: int | None) -> int:
@@ -68,7 +73,7 @@ def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: 
 
 
 def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any, max_new_tokens: int,
-                prefill: Any = None) -> SettingRun:
+                prefill: Any = None, question_span: tuple[int, int] | None = None) -> SettingRun:
     """Generate an answer to one prompt under ``setting`` with its compressed cache, greedily, and measure it.
 
     Parameters
@@ -82,9 +87,14 @@ def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any
     prefill
         A :class:`~headprobe.runtime.RecordedPrefill` of this prompt: the prompt forward is not run again,
         and the time reported still includes it, as if this setting had run alone.
+    question_span
+        For a kvpress setting (``kvpress:PRESS``): ``(start, end)`` token positions of the prompt's question;
+        the tokens before it are the context kvpress compresses (:func:`run_kvpress_setting`).
     """
     from ..runtime import generate_compressed, generate_from_prefill
 
+    if setting.policy == KVPRESS:
+        return run_kvpress_setting(lm, input_ids, setting, max_new_tokens, question_span)
     options = setting.options or None
     start = time.perf_counter()
     if prefill is None:
@@ -101,3 +111,30 @@ def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any
                       cache_bytes=int(res.cache.memory_bytes()), used_bytes=int(res.cache.used_bytes()),
                       full_cache_bytes=int(res.cache.full_cache_bytes()), seconds=seconds,
                       shared_prefill=prefill is not None)
+
+
+def run_kvpress_setting(lm: Any, input_ids: list[int], setting: EvalSetting, max_new_tokens: int,
+                        question_span: tuple[int, int] | None) -> SettingRun:
+    """One answer of a ``kvpress:PRESS`` setting, by kvpress's own pipeline
+    (:func:`headprobe.library_bridges.press_settings.run_press`), measured as :func:`run_setting` measures.
+
+    kvpress's context is the prompt up to the question, its question the rest; with the setting option
+    ``compress_questions=true`` (kvpress's evaluation flag of that name) the question is part of the
+    context and only what follows it (the chat template's end, the answer prefix) is kept whole.
+
+    Raises
+    ------
+    HeadprobeError
+        No ``context_len`` (the task does not say where its question starts), kvpress missing.
+    """
+    if question_span is None:
+        raise HeadprobeError(f"setting {setting.label}: kvpress settings need to know where the prompt's question "
+                             "starts; this task does not say")
+    context_len = question_span[1] if setting.options.get("compress_questions") else question_span[0]
+    run = run_press(lm, input_ids, context_len, setting.profiles[0], setting.options, setting.capacity,
+                    max_new_tokens, setting.name)
+    tok = lm.tokenizer
+    return SettingRun(text=run.text, new_tokens=count_new_tokens(run.generated, tok.eos_token_id, tok.pad_token_id),
+                      cache_bytes=run.cache_bytes, used_bytes=run.cache_bytes, full_cache_bytes=run.full_cache_bytes,
+                      seconds=run.seconds,
+                      press={"compression_ratio": run.compression_ratio, "attended_tokens": run.attended_tokens})

@@ -33,6 +33,8 @@ from typing import Any
 from ..allocation.options import format_option_value, spelled_as_setting_options
 from ..allocation.registry import ALLOCATORS, check_allocator_options
 from ..errors import HeadprobeError, param
+from ..library_bridges.press_settings import KVPRESS, check_press, press_spec
+from ..library_bridges.press_settings import PRESSES as KVPRESS_PRESSES
 from ..probes.registry import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
 
@@ -181,6 +183,9 @@ class EvalSetting:
         """
         from ..runtime import POLICIES, make_policy
 
+        if self.policy == KVPRESS:
+            check_press(self.profiles[0], self.options, self.name)
+            return
         options = dict(self.options)
         if self.question_window:
             if self.policy not in POLICIES:
@@ -260,6 +265,12 @@ def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
         policy, alloc, profs, opts = PRESETS[spec]
         return policy, alloc, profs, dict(opts)
     parts = spec.split(":")
+    if parts[0] == KVPRESS:
+        if len(parts) != 2 or not parts[1]:
+            raise HeadprobeError(f"{param('spec', spec)}: expected kvpress:PRESS, PRESS one of "
+                                 f"{', '.join(KVPRESS_PRESSES)}")
+        press_spec(parts[1], spec)
+        return KVPRESS, None, (parts[1],), {}
     if len(parts) > 3 or not parts[0]:
         raise HeadprobeError(f"{param('spec', spec)}: expected a preset ({', '.join(PRESETS)}) or "
                              "POLICY[:ALLOCATION[:PROFILE,...]]")
@@ -364,6 +375,8 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
     bracket = _bracket_options(inner, alloc, written)
     if policy == "full":
         return ParsedSetting(written, policy, None, (), {}, {})
+    if policy == KVPRESS:           # kvpress's own options, checked by the press (EvalSetting.check_policy)
+        return ParsedSetting(written, policy, None, profs, bracket, {})
     if alloc == MAP_ALLOCATION:        # the map's own policy options are the defaults its name implies
         bm = load_setting_map(profs[0], written)
         if "layer_split" in bm.method and policy != "layer_window":
@@ -408,10 +421,11 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
     for written in specs:
         spec, pinned = split_capacities(written)
         parsed = parse_setting(spec, policies, options)
-        if parsed.policy == "full":
+        if parsed.policy == "full" or (parsed.policy == KVPRESS and not press_spec(parsed.profiles[0], spec).ratio):
             if pinned is not None:
-                raise HeadprobeError(f"{param('spec', written)}: the full cache has no capacity to pin")
-            out.append(EvalSetting(parsed.name, "full", None, (), None, {}))
+                raise HeadprobeError(f"{param('spec', written)}: {'the full cache' if parsed.policy == 'full' else 'this press'}"
+                                     " has no capacity to pin")
+            out.append(EvalSetting(parsed.name, parsed.policy, None, parsed.profiles, None, dict(parsed.options)))
             continue
         if parsed.allocation == MAP_ALLOCATION:
             caps = [map_capacity(load_setting_map(parsed.profiles[0], written))]
