@@ -100,6 +100,9 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     chat_template = chat_template_wanted(args)
     for s in settings:   # bad policy options fail before the model loads
         s.check_policy()
+        if s.is_kvpress and args.task == "dataset":
+            raise HeadprobeError(f"setting {s.label}: kvpress settings run where the prompt's question is known "
+                                 "(--task ruler, needle, babi, longgen); --task dataset does not mark it")
     out = Path(args.out)
     plot = output_figure(args.plot, out)
     memory_plot = figure_path(args.memory_plot) if (args.memory_plot or "none").lower() != "none" else None

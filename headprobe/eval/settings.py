@@ -17,6 +17,9 @@ runs the map as it is (:data:`MAP_ALLOCATION`): the map must fit the model, its 
 tokens per KV head (so the setting takes no ``@`` capacity), and the policy options the map records under
 ``method.run_with`` (for the same policy) are the setting's defaults, its brackets overriding them.
 
+``kvpress:PRESS[OPTIONS]`` runs one of kvpress's presses through kvpress's own pipeline
+(:mod:`headprobe.library_bridges.press_settings`): its options are the press's, checked by the press.
+
 A setting's label (``name@capacity``) names every option it runs with beyond its preset's, so
 :meth:`EvalSetting.parse` reads a label back to the same setting, and :func:`make_setting` builds a
 setting from its parts under such a label.
@@ -153,6 +156,12 @@ class EvalSetting:
         """The setting :meth:`to_json` recorded."""
         return cls(obj["name"], obj["policy"], obj.get("allocation"), tuple(obj.get("profiles") or ()),
                    obj.get("capacity"), dict(obj.get("options") or {}), dict(obj.get("allocation_options") or {}))
+
+    @property
+    def is_kvpress(self) -> bool:
+        """Whether kvpress's own pipeline runs the setting (``kvpress:PRESS``,
+        :mod:`headprobe.library_bridges.press_settings`)."""
+        return self.policy == KVPRESS
 
     @property
     def question_window(self) -> bool:

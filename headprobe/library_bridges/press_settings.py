@@ -4,7 +4,9 @@ A ``kvpress:`` setting answers each prompt through kvpress's ``KVPressTextGenera
 ``forward``: the context prefilled under the press, then the question and a greedy answer on the
 compressed ``DynamicCache``), on the same token ids every headprobe setting of the run gets: the prompt is
 split where its question starts, the tokens before are kvpress's *context* (compressed), the rest its
-*question* (kept whole), as kvpress's pipeline splits a prompt.
+*question* (kept whole), as kvpress's pipeline splits a prompt. With the setting option
+``compress_questions=true`` (kvpress's evaluation flag) the question is part of the context and only what
+follows it is kept whole.
 
 At a capacity ``C`` (tokens per KV head, as every headprobe setting) a press removes the share of the
 context that leaves ``C`` prompt tokens per head, question included: ``keep = C - question`` context
