@@ -22,11 +22,13 @@ from .common_args import (
     resolve_prompt_format,
 )
 from .progress import tqdm_progress
+from .ruler_args import DEFAULT_TASKS as RULER_TASKS
+from .ruler_args import add_ruler_arguments
 
 #: Library parameters whose flag is not ``--`` + the parameter name.
 FLAGS = {"spec": "--presets", "specs": "--presets", **TASK_FLAGS}
 #: The tasks of ``--task``.
-TASKS = ("needle", "babi", "dataset")
+TASKS = ("needle", "babi", "dataset", "ruler")
 
 
 def register(sub, formatter) -> None:
@@ -56,6 +58,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--context", type=int, default=None, help="prompt tokens a memory target is for")
     p.add_argument("--task", choices=list(TASKS), default="needle")
     add_task_arguments(p)
+    add_ruler_arguments(p)
     held = p.add_mutually_exclusive_group()
     held.add_argument("--holdout-ids", nargs="+", default=None, metavar="ID",
                       help="items the search never sees (default: a share of them, by a hash of their ids)")
@@ -89,8 +92,34 @@ def register(sub, formatter) -> None:
     p.set_defaults(func=run)
 
 
+def _ruler_task(args: argparse.Namespace) -> headprobe.TuneTask:
+    """RULER's samples to generate: calibration from ``--seed``, held out from ``--seed + 1``, checked before
+    the model loads."""
+    for flag, given in (("--ratios", args.ratios is not None), ("--dataset", bool(args.dataset)),
+                        ("--limit", args.limit is not None), ("--holdout-ids", bool(args.holdout_ids))):
+        if given:
+            raise HeadprobeError(f"{flag}: tune --task ruler generates its samples (calibration from --seed, held out "
+                                 "from --seed + 1) at --capacities or --cache-share; leave it out")
+    if not args.lengths:
+        raise HeadprobeError("--lengths: give at least one")
+    samples = 10 if args.samples is None else args.samples
+    frontend.check_count("samples", samples)
+    calibration = headprobe.RulerGeneration(tuple(args.ruler_tasks or RULER_TASKS), tuple(args.lengths), samples,
+                                            args.seed)
+    holdout = headprobe.RulerGeneration(calibration.tasks, calibration.lengths, samples, args.seed + 1)
+    headprobe.check_ruler_generation(calibration, headprobe.model_identity(args.model, args.trust_remote_code)
+                                     .max_context)
+    return headprobe.TuneTask.ruler(calibration, holdout, args.max_new_tokens)   # RULER's tokens, capped
+
+
 def _task(args: argparse.Namespace) -> headprobe.TuneTask:
     """The task's items and grid (no model needed)."""
+    if args.task == "ruler":
+        return _ruler_task(args)
+    if (args.ruler_tasks is not None or args.samples is not None or args.ratios is not None):
+        flag = next(f for f, v in (("--ruler-tasks", args.ruler_tasks), ("--samples", args.samples),
+                                   ("--ratios", args.ratios)) if v is not None)
+        raise HeadprobeError(f"{flag}: applies to tune --task ruler only, not --task {args.task}")
     if args.task == "dataset":
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
@@ -164,7 +193,8 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     if ranks.is_main:
         frontend.check_tune_outputs(out, capacities, plot, args.resume, args.force)
     task = _task(args)
-    split = headprobe.split_items(task.ids, args.holdout_ids, args.holdout_share, args.seed)
+    held = headprobe.TuneTask.ruler_ids(task.generation[1]) if task.generation else args.holdout_ids
+    split = headprobe.split_items(task.ids, held, args.holdout_share, args.seed)
     request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
                                     chat_template, not args.no_shared_prefill, memory=memory)
     frontend.check_tune_space(frontend.ShapeOnly(identity), request, found)   # nothing to race: before the load

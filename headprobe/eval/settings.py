@@ -38,7 +38,7 @@ from ..allocation.registry import ALLOCATORS, check_allocator_options
 from ..errors import HeadprobeError, param
 from ..library_bridges.press_settings import KVPRESS, check_press, press_spec
 from ..library_bridges.press_settings import PRESSES as KVPRESS_PRESSES
-from ..probes.registry import PROFILE_KINDS
+from ..profile_kinds import PROFILE_KINDS
 from .presets import PRESETS, QUESTION_WINDOW
 
 #: The ``allocation`` of a setting that runs a budget-map file (``POLICY:FILE.json``); its ``profiles`` hold

@@ -31,8 +31,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from ..errors import HeadprobeError, param
 
 #: The eval-setting policy name of a kvpress setting (``kvpress:PRESS``).
@@ -206,7 +204,6 @@ def _pipeline(lm: Any) -> Any:
     return _PIPELINES[key]
 
 
-@torch.no_grad()
 def run_press(lm: Any, input_ids: list[int], context_len: int, name: str, options: Mapping[str, Any],
               capacity: int | None, max_new_tokens: int, written: str = "") -> PressRun:
     """Answer one prompt through kvpress's pipeline under ``kvpress:NAME[options]`` at ``capacity``.
@@ -218,6 +215,7 @@ def run_press(lm: Any, input_ids: list[int], context_len: int, name: str, option
     capacity
         Tokens per KV head the prompt keeps (:func:`context_ratio`); ``None`` for a press without a ratio.
     """
+    import torch  # here, not above: eval's setting parser imports this module and `headprobe --help` stays light
     from transformers import DynamicCache
 
     spec = press_spec(name, written or f"{KVPRESS}:{name}")

@@ -59,7 +59,7 @@ class TuneTask:
     Attributes
     ----------
     kind
-        ``needle``, ``babi`` or ``dataset``.
+        ``needle``, ``babi``, ``dataset`` or ``ruler``.
     items
         :class:`~headprobe.eval.EvalItem` of a grid task (``None`` for a dataset).
     examples
@@ -70,6 +70,12 @@ class TuneTask:
         The haystack of a grid task.
     description
         The eval result's ``task`` block.
+    answer_task
+        How a dataset's examples are prompted and scored (``None``: LongBench QA;
+        :class:`~headprobe.eval.ruler_task.RulerTask` for RULER).
+    generation
+        RULER: the calibration and held-out :class:`~headprobe.eval.ruler_generate.GenerationRequest`, whose
+        samples :meth:`generate` makes once the tokenizer is loaded (``examples`` is ``None`` until then).
     """
 
     kind: str
@@ -79,6 +85,8 @@ class TuneTask:
     items: list[Any] | None = None
     examples: list[Any] | None = None
     haystack: Any = None
+    answer_task: Any = None
+    generation: tuple[Any, Any] | None = None
 
     @classmethod
     def needles(cls, path: str | Path, ids: Sequence[str] | None, lengths: Sequence[int], depths: Sequence[float],
@@ -115,8 +123,60 @@ class TuneTask:
         """Rows of a QA dataset (:func:`~headprobe.eval.load_qa_dataset`), each prompt cut to ``max_length``."""
         return cls("dataset", [max_length], [None], {"dataset": name}, examples=list(examples))
 
+    @classmethod
+    def ruler(cls, calibration: Any, holdout: Any, max_new_tokens: int | None = None) -> TuneTask:
+        """RULER's samples made by its own generator for the model's tokenizer: the calibration items from
+        ``calibration``, the held-out ones from ``holdout`` (two
+        :class:`~headprobe.eval.ruler_generate.GenerationRequest` that differ in their seed), so the held-out
+        report is on samples the search never saw. Item ids are ``s<seed>/TASK/LENGTH/INDEX``."""
+        from ..eval.ruler_task import RulerTask
+
+        if calibration.seed == holdout.seed:
+            raise HeadprobeError(f"RULER tune: the held-out samples need another seed than the calibration's "
+                                 f"({calibration.seed})")
+        record = {"generated": calibration.to_json(), "holdout_generated": holdout.to_json()}
+        return cls("ruler", [0], [None], {"dataset": "ruler", **record}, answer_task=RulerTask(record, max_new_tokens),
+                   generation=(calibration, holdout))
+
+    @staticmethod
+    def ruler_ids(request: Any) -> list[str]:
+        """The item ids of the samples ``request`` makes (``s<seed>/TASK/LENGTH/INDEX``)."""
+        return [f"s{request.seed}/{t}/{L}/{i}" for L in request.lengths for t in request.tasks
+                for i in range(request.samples)]
+
+    def generate(self, tokenizer: Any, max_context: int | None) -> None:
+        """Make a RULER task's samples for ``tokenizer`` (nothing for other tasks); ``max_context`` (the
+        model's context) becomes the prompt bound.
+
+        Raises
+        ------
+        HeadprobeError
+            The generator failing, or samples other than the ids announced (:meth:`ruler_ids`).
+        """
+        if self.generation is None or self.examples is not None:
+            return
+        import dataclasses
+        import tempfile
+
+        from ..eval.ruler_data import load_ruler_dir
+        from ..eval.ruler_generate import generate
+
+        examples = []
+        for request in self.generation:
+            with tempfile.TemporaryDirectory(prefix="headprobe-ruler-") as folder:
+                generate(request, tokenizer, folder)
+                examples += [dataclasses.replace(ex, id=f"s{request.seed}/{ex.id}")
+                             for ex in load_ruler_dir(folder, list(request.tasks))]
+        wanted = [i for r in self.generation for i in self.ruler_ids(r)]
+        if sorted(ex.id for ex in examples) != sorted(wanted):
+            raise HeadprobeError(f"RULER's generator made {len(examples)} samples, not the {len(wanted)} announced")
+        self.examples = examples
+        self.lengths = [max_context or 2**31 - 1]
+
     @property
     def ids(self) -> list[str]:
+        if self.generation is not None and self.examples is None:
+            return [i for r in self.generation for i in self.ruler_ids(r)]
         return [i.id for i in (self.items if self.items is not None else self.examples)]
 
     def subset(self, ids: Sequence[str]) -> list[Any]:
@@ -255,11 +315,11 @@ class TuneRuns:
         advance = self.progress(f"{stage} ({len(settings)} settings, {len(items)} items)", total) \
             if self.progress and self.ranks.is_main else None
         wall, cpu = time.perf_counter(), time.process_time()
-        if task.kind == "dataset":
+        if task.examples is not None:
             result = run_dataset_eval_on_ranks(self.lm, items, settings, path, self.ranks, task.lengths[0],
                                                req.max_new_tokens, str(task.description.get("dataset")),
                                                req.chat_template, self.resume, self.force, advance,
-                                               share_prefill=req.share_prefill)
+                                               share_prefill=req.share_prefill, answer_task=task.answer_task)
         else:
             request = EvalRequest(settings, items, list(task.lengths), list(task.depths), task.haystack,
                                   dict(task.description), req.max_new_tokens, req.chat_template, req.profile_dirs,
@@ -287,7 +347,7 @@ def setting_problem(lm: Any, setting: EvalSetting, task: TuneTask, profile_dirs:
         setting.check_policy()
         budgets = resolve_budgets(lm, [setting], profile_dirs)
         if setting.question_window:
-            if task.kind == "dataset":
+            if task.kind in ("dataset", "ruler"):
                 return "window=question needs a prompt whose question the harness placed"
             for item, window in windows.items():
                 try:
@@ -302,7 +362,7 @@ def setting_problem(lm: Any, setting: EvalSetting, task: TuneTask, profile_dirs:
 def question_windows(lm: Any, task: TuneTask) -> dict[str, int]:
     """Every item's question window (tokens from its question to the end of the prompt), measured on its
     prompt at the first length and depth; empty for a dataset."""
-    if task.kind == "dataset":
+    if task.kind in ("dataset", "ruler"):
         return {}
     from ..eval.runner import EvalRequest, GridPrompts
 
@@ -496,6 +556,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     ranks = ranks or Ranks()
     wall, cpu = time.perf_counter(), time.process_time()
     space, task, rule = request.space, request.task, request.rule
+    task.generate(lm.tokenizer, lm.identity.max_context)        # RULER's samples, for this tokenizer
     windows = question_windows(lm, task)
     runs = TuneRuns(lm, request, out, ranks, resume, force, progress)
     profiles = found_profiles(lm.identity, request.profile_dirs)
