@@ -63,7 +63,8 @@ def needle_grid(result: EvalResult, columns: int = 4) -> Figure:
 
 
 def accuracy_vs_memory(result: EvalResult) -> Figure:
-    """Mean accuracy against the real cache size (MiB), one line per method across capacities."""
+    """Mean accuracy against the real cache size (MiB), one line per method across capacities; kvpress's
+    presses (``kvpress:`` settings, run by kvpress) dashed with square markers beside headprobe's settings."""
     summary = [s for s in result.summary() if s.get("cells")]
     fig, ax = plt.subplots(figsize=(6.4, 4.2))
     names = list(dict.fromkeys(s["name"] for s in summary))
@@ -73,9 +74,11 @@ def accuracy_vs_memory(result: EvalResult) -> Figure:
                      if s["name"] == name)
         xs, ys, caps = zip(*pts, strict=True)
         if len(pts) == 1 and caps[0] is None:
-            ax.axhline(ys[0], color=color, ls="--", lw=1, label=f"{name} ({xs[0]:.0f} MiB)")
+            ax.axhline(ys[0], color=color, ls=":" if name.startswith("kvpress:") else "--", lw=1,
+                       label=f"{name} ({xs[0]:.0f} MiB)")
             continue
-        ax.plot(xs, ys, marker="o", color=color, label=name)
+        kvpress = name.startswith("kvpress:")
+        ax.plot(xs, ys, marker="s" if kvpress else "o", ls="--" if kvpress else "-", color=color, label=name)
         for x, y, c in pts:
             ax.annotate(str(c), (x, y), textcoords="offset points", xytext=(3, 3), fontsize=7, color=color)
     ax.set_xscale("log")
