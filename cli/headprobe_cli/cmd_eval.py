@@ -59,7 +59,8 @@ def register(sub, formatter) -> None:
                    help="longgen: a long report on the haystack, scored by ROUGE-L against the full cache's report")
     add_task_arguments(p)
     add_ruler_arguments(p)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=unset(0),
+                   help="seed of the generated questions (--task babi, and ruler without --dataset)")
     p.add_argument("--max-new-tokens", type=int, default=unset(32),
                    help="tokens generated per answer (--task ruler: RULER's per task, capped by this when given)")
     add_prompt_format_arguments(p)

@@ -56,6 +56,11 @@ def check_ruler_flags(args: argparse.Namespace) -> None:
     if args.task == "ruler" and args.dataset and (typed(args, "lengths") or args.samples is not None):
         raise HeadprobeError("--dataset: RULER's files are read as they are; --lengths and --samples are for "
                              "generating them (leave --dataset out)")
+    if typed(args, "seed") and not (args.task == "babi" or (args.task == "ruler" and not args.dataset)):
+        where = "--task ruler with --dataset reads" if args.task == "ruler" else f"--task {args.task} reads"
+        raise HeadprobeError(f"--seed {args.seed}: seeds generated questions (--task babi, or ruler without "
+                             f"--dataset); {where} its items as they are")
+    args.seed = plain(args.seed)
     args.ruler_cap = args.max_new_tokens if typed(args, "max_new_tokens") else None
     args.max_new_tokens = plain(args.max_new_tokens)
     args.capacities = plain(args.capacities)

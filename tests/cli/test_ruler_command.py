@@ -60,6 +60,8 @@ def test_ratios_give_one_capacity_per_ratio(tiny_dir, tmp_path, capsys):
     (["--task", "ruler", "--dataset", "DATA", "--ruler-tasks", "qa_2"], "no validation.jsonl for qa_2"),
     (["--task", "ruler", "--ratios", "0.5", "--lengths", "1024", "2048"], "one RULER length a run"),
     (["--task", "ruler", "--depths", "50"], "--depths: applies to --task needle"),
+    (["--task", "needle", "--seed", "3"], "--seed 3: seeds generated questions (--task babi, or ruler without"),
+    (["--task", "ruler", "--dataset", "DATA", "--seed", "3"], "--task ruler with --dataset reads its items as"),
 ])
 def test_refusals_before_the_model_loads(tiny_dir, tmp_path, capsys, monkeypatch, extra, expect):
     def no_load(*a, **k):
