@@ -12,6 +12,11 @@ by kvpress under its own press and by headprobe's compressed cache at the same n
 (kvpress's ``compute_n_kept``), and the kept positions of every (layer, KV head) are compared
 (:mod:`headprobe.library_bridges.press_parity`). Printed per method and ratio: heads whose kept tokens
 agree exactly, heads that keep as many tokens, the mean Jaccard index; the first difference met.
+
+DuoAttention (ratio ``pattern``: its pattern, not a ratio, decides what it keeps): headprobe's DuoAttention
+export of SmolLM2's shipped retrieval-reasoning profile (sink 128, recent 256), run by kvpress's
+``DuoAttentionPress`` (through ``DuoAttentionFolderPress``) and by headprobe as the budget map ``explain --to
+budget`` converts it to at each prompt's length, with the streaming policy the map names.
 """
 
 from __future__ import annotations
@@ -67,21 +72,36 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
 
+    import tempfile
+
     import kvpress
     import torch
     import transformers
+    from headprobe_cli.main import main as cli
     from kvpress.utils import compute_n_kept
 
     import headprobe
+    from headprobe.library_bridges.kvpress import DuoAttentionFolderPress
     from headprobe.library_bridges.press_parity import agreement, full_keys, headprobe_kept, press_kept
 
     torch.manual_seed(0)
     lm = headprobe.load_model("smollm2-135m", device="cpu")
     found: dict = defaultdict(list)
     began = time.time()
+    scratch = Path(tempfile.mkdtemp(prefix="parity-"))
+    duo = scratch / "duo"
+    cli(["export", str(headprobe.newest_profile(lm.identity, "retrieval_reasoning").path), "--to", "duoattention",
+         "-o", str(duo)])
     for p, ids in enumerate(prompts(lm.tokenizer, args.prompts)):
         keys = full_keys(lm.model, ids)
         n = ids.shape[1]
+        mapped = scratch / f"duo_{n}.json"
+        cli(["explain", str(duo), "--model", "smollm2-135m", "--context", str(n), "--to", "budget", "-o", str(mapped),
+             "--force"])
+        bm = headprobe.BudgetMap.load(mapped)
+        theirs = press_kept(lm.model, DuoAttentionFolderPress(pattern_dir=duo), ids, keys)
+        ours = headprobe_kept(lm, ids, bm.method["run_with"]["policy"], bm.method["run_with"]["options"], budget=bm)
+        found[("DuoAttention", "pattern")].append(agreement(ours, theirs))
         for ratio in args.ratios:
             k = compute_n_kept(n, ratio)
             for name, (press, policy, options, alloc) in methods(n, ratio).items():

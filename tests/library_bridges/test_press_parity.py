@@ -119,3 +119,28 @@ def test_kvpress_without_a_press_and_headprobes_full_cache_answer_alike(smollm2,
     ours = headprobe.generate_compressed(smollm2, input_ids=ids, policy="full", max_new_tokens=16)
     assert ours.texts[0].strip() == theirs.strip()
     assert theirs.strip()
+
+
+def test_duoattention_keeps_kvpress_tokens_in_every_head(smollm2, prompt, keys, tmp_path):
+    """DuoAttention from a pattern folder (headprobe's export of SmolLM2's profile, sink 128, recent 256):
+    kvpress's DuoAttentionPress (through DuoAttentionFolderPress) masks all but the sink and the recent
+    tokens of its streaming heads; headprobe runs the folder converted to a budget map (``explain --to
+    budget`` at the prompt's length) with the streaming policy it names. Every head keeps the same tokens."""
+    from headprobe_cli.main import main
+
+    from headprobe.library_bridges.kvpress import DuoAttentionFolderPress
+
+    profile = headprobe.newest_profile(smollm2.identity, "retrieval_reasoning").path
+    folder, mapped = tmp_path / "duo", tmp_path / "duo_map.json"
+    assert main(["export", str(profile), "--to", "duoattention", "-o", str(folder)]) == 0
+    n = prompt.shape[1]
+    assert main(["explain", str(folder), "--model", "smollm2-135m", "--context", str(n), "--to", "budget",
+                 "-o", str(mapped)]) == 0
+    bm = headprobe.BudgetMap.load(mapped)
+    run = bm.method["run_with"]
+    theirs = press_kept(smollm2.model, DuoAttentionFolderPress(pattern_dir=folder), prompt, keys)
+    ours = headprobe_kept(smollm2, prompt, run["policy"], run["options"], budget=bm)
+    found = agreement(ours, theirs)
+    assert found.share == 1.0, found.first_difference
+    sizes = {len(head) for layer in ours for head in layer}
+    assert sizes == {n, 128 + 256}                 # full heads keep the prompt, streaming heads sink + recent
