@@ -70,6 +70,8 @@ def main() -> None:
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75, 0.9])
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--methods", nargs="+", default=None,
+                        help="only these (SnapKV StreamingLLM KeyDiff AdaKV(SnapKV) PyramidKV DuoAttention)")
     args = parser.parse_args()
 
     import tempfile
@@ -95,16 +97,20 @@ def main() -> None:
     for p, ids in enumerate(prompts(lm.tokenizer, args.prompts)):
         keys = full_keys(lm.model, ids)
         n = ids.shape[1]
-        mapped = scratch / f"duo_{n}.json"
-        cli(["explain", str(duo), "--model", "smollm2-135m", "--context", str(n), "--to", "budget", "-o", str(mapped),
-             "--force"])
-        bm = headprobe.BudgetMap.load(mapped)
-        theirs = press_kept(lm.model, DuoAttentionFolderPress(pattern_dir=duo), ids, keys)
-        ours = headprobe_kept(lm, ids, bm.method["run_with"]["policy"], bm.method["run_with"]["options"], budget=bm)
-        found[("DuoAttention", "pattern")].append(agreement(ours, theirs))
+        if args.methods is None or "DuoAttention" in args.methods:
+            mapped = scratch / f"duo_{n}.json"
+            cli(["explain", str(duo), "--model", "smollm2-135m", "--context", str(n), "--to", "budget", "-o",
+                 str(mapped), "--force"])
+            bm = headprobe.BudgetMap.load(mapped)
+            theirs = press_kept(lm.model, DuoAttentionFolderPress(pattern_dir=duo), ids, keys)
+            run = bm.method["run_with"]
+            ours = headprobe_kept(lm, ids, run["policy"], run["options"], budget=bm)
+            found[("DuoAttention", "pattern")].append(agreement(ours, theirs))
         for ratio in args.ratios:
             k = compute_n_kept(n, ratio)
             for name, (press, policy, options, alloc) in methods(n, ratio).items():
+                if args.methods is not None and name not in args.methods:
+                    continue
                 budget = headprobe.allocate(alloc, [], lm.identity, capacity=k, window=0) if alloc else None
                 if budget is not None and min(min(row) for row in budget.budgets) < options["window"]:
                     budget = None     # kvpress's PyramidKVPress falls back to SnapKV when a layer gets < window
