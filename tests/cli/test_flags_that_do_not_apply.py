@@ -91,7 +91,7 @@ def test_batch_size_is_refused_for_query_focus_alone(own, tiny_dir, tmp_path, ca
 
 #: The tasks the grid flags apply to, as each command names them (tune has no longgen task).
 GRID_TASKS = {"eval": "--task needle, babi or longgen", "tune": "--task needle or babi"}
-LENGTHS_TASKS = {"eval": "--task needle, babi, longgen or ruler", "tune": "--task needle or babi"}
+LENGTHS_TASKS = {"eval": "--task needle, babi, longgen or ruler", "tune": "--task needle, babi or ruler"}
 
 
 @pytest.mark.parametrize("command", ["eval", "tune"])
