@@ -21,9 +21,10 @@ is run again.
 
 from __future__ import annotations
 
+import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -155,9 +156,6 @@ class TuneTask:
         """
         if self.generation is None or self.examples is not None:
             return
-        import dataclasses
-        import tempfile
-
         from ..eval.ruler_data import load_ruler_dir
         from ..eval.ruler_generate import generate
 
@@ -165,7 +163,7 @@ class TuneTask:
         for request in self.generation:
             with tempfile.TemporaryDirectory(prefix="headprobe-ruler-") as folder:
                 generate(request, tokenizer, folder)
-                examples += [dataclasses.replace(ex, id=f"s{request.seed}/{ex.id}")
+                examples += [replace(ex, id=f"s{request.seed}/{ex.id}")
                              for ex in load_ruler_dir(folder, list(request.tasks))]
         wanted = [i for r in self.generation for i in self.ruler_ids(r)]
         if sorted(ex.id for ex in examples) != sorted(wanted):
