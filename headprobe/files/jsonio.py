@@ -51,14 +51,19 @@ def check_writable_dir(path: str | os.PathLike) -> Path:
     blocking = blocking_file(path)
     if blocking is not None:
         raise HeadprobeError(f"{path}: output directory is not writable ({blocking} is a file, not a folder)")
-    existing = next(p for p in (path, *path.parents, Path(".")) if p.exists())
-    try:
-        fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=existing)
-        os.close(fd)
-        os.unlink(tmp)
-    except OSError as exc:
-        where = path if existing == path else f"{path} (in {existing})"
-        raise HeadprobeError(f"{where}: output directory is not writable ({exc.strerror})") from exc
+    for attempt in range(3):        # another process (a torchrun rank) may remove an empty folder meanwhile
+        existing = next(p for p in (path, *path.parents, Path(".")) if p.exists())
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=".headprobe-write-test.", dir=existing)
+            os.close(fd)
+            os.unlink(tmp)
+            return path
+        except FileNotFoundError:
+            if attempt == 2:
+                raise HeadprobeError(f"{path}: output directory is not writable (it keeps disappearing)") from None
+        except OSError as exc:
+            where = path if existing == path else f"{path} (in {existing})"
+            raise HeadprobeError(f"{where}: output directory is not writable ({exc.strerror})") from exc
     return path
 
 
