@@ -93,49 +93,15 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
-    check_ruler_flags(args)     # before check_task_flags forgets which flags were typed
-    check_task_flags(args, TASKS)       # a flag of another task would be ignored
-    settings = headprobe.expand_settings(args.settings, args.capacities, frontend.parse_policy_options(args.option),
-                                         tuple(headprobe.POLICIES))
-    frontend.check_count("max_new_tokens", args.max_new_tokens)
-    chat_template = chat_template_wanted(args)
-    for s in settings:   # bad policy options fail before the model loads
-        s.check_policy()
-        if s.is_kvpress and args.task == "dataset":
-            raise HeadprobeError(f"setting {s.label}: kvpress settings run where the prompt's question is known "
-                                 "(--task ruler, needle, babi, longgen); --task dataset does not mark it")
-    out = Path(args.out)
-    plot = output_figure(args.plot, out)
-    memory_plot = figure_path(args.memory_plot) if (args.memory_plot or "none").lower() != "none" else None
+    settings, chat_template = _checked_settings(args)
+    out, plot, memory_plot = _checked_outputs(args, ranks)
     figures = [f for f in (plot, memory_plot) if f is not None]
-    if ranks.is_main:   # before the model loads; the merged outputs are rank 0's, each rank checks its own log below
-        frontend.check_eval_outputs(out, figures, resume=args.resume, force=args.force)
     # the figures there now are the ones this run may replace (check_eval_outputs allowed them); one that
     # another run writes meanwhile is refused when this run writes its own
     replaceable = {f for f in figures if args.force or f.exists()}
-    part_log = frontend.cell_log_path(ranks.part_path(out))     # each rank keeps its own under torchrun
-    if ranks.distributed and part_log.exists() and not (args.resume or args.force):
-        raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
-                             "start over")
+    _check_rank_log(args, ranks, out)
     depths = frontend.probe_grid.parse_depths(args.depths)
-    items, examples, ruler = None, None, None
-    if args.task == "ruler":
-        ruler = ruler_plan(args)
-    elif args.task == "dataset":
-        if not args.dataset:
-            raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
-        examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
-    elif args.task == "babi":
-        items = headprobe.items_from_babi(headprobe.generate_questions(args.babi_count, args.babi_tasks, args.seed))
-        task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
-    else:
-        path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
-        needles = headprobe.load_needles(path, args.needle_ids)
-        if args.task == "longgen":
-            items = headprobe.items_from_longgen(needles)
-        else:
-            items = headprobe.items_from_needles(needles)
-        task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
+    items, examples, ruler, task = _task_inputs(args)
     haystack = headprobe.load_haystack(args.haystack) if args.task not in ("dataset", "ruler") else None
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
@@ -161,11 +127,87 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     if not ranks.is_main:
         rank_note(ranks, f"{len(result.cells)} cells; wrote {ranks.part_path(out)}")
         return 0
+    _print_and_plot(args, result, out, ruler, plot, memory_plot, replaceable)
+    return 0
+
+
+def _checked_settings(args: argparse.Namespace) -> tuple[list, bool]:
+    """The settings of ``--settings`` x ``--capacities``, each policy's options checked, and the
+    chat-template switch, after the flags of other tasks are refused: every mistake in the command line
+    fails before the model loads."""
+    check_ruler_flags(args)     # before check_task_flags forgets which flags were typed
+    check_task_flags(args, TASKS)       # a flag of another task would be ignored
+    settings = headprobe.expand_settings(args.settings, args.capacities, frontend.parse_policy_options(args.option),
+                                         tuple(headprobe.POLICIES))
+    frontend.check_count("max_new_tokens", args.max_new_tokens)
+    chat_template = chat_template_wanted(args)
+    for s in settings:   # bad policy options fail before the model loads
+        s.check_policy()
+        if s.is_kvpress and args.task == "dataset":
+            raise HeadprobeError(f"setting {s.label}: kvpress settings run where the prompt's question is known "
+                                 "(--task ruler, needle, babi, longgen); --task dataset does not mark it")
+    return settings, chat_template
+
+
+def _checked_outputs(args: argparse.Namespace, ranks: headprobe.Ranks) -> tuple[Path, Path | None, Path | None]:
+    """The result JSON, the grid figure and the memory figure (``None``: not written), checked on the main
+    rank before the model loads; the merged outputs are rank 0's, each rank checks its own log later."""
+    out = Path(args.out)
+    plot = output_figure(args.plot, out)
+    memory_plot = figure_path(args.memory_plot) if (args.memory_plot or "none").lower() != "none" else None
+    if ranks.is_main:
+        frontend.check_eval_outputs(out, [f for f in (plot, memory_plot) if f is not None], resume=args.resume,
+                                    force=args.force)
+    return out, plot, memory_plot
+
+
+def _check_rank_log(args: argparse.Namespace, ranks: headprobe.Ranks, out: Path) -> None:
+    """Under torchrun each rank keeps its own cell log: refuse one left by an earlier run unless
+    ``--resume`` or ``--force`` says what to do with it."""
+    part_log = frontend.cell_log_path(ranks.part_path(out))
+    if ranks.distributed and part_log.exists() and not (args.resume or args.force):
+        raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
+                             "start over")
+
+
+def _task_inputs(args: argparse.Namespace) -> tuple[list | None, list | None, object, dict | None]:
+    """What ``--task`` runs on: ``(items, examples, ruler, task)``.
+
+    Returns
+    -------
+    items, examples, ruler, task
+        The grid's items and the task block of its result (needle, longgen, babi); the outside examples
+        (dataset); the RULER plan (ruler). What a task does not use is ``None``.
+    """
+    items, examples, ruler, task = None, None, None, None
+    if args.task == "ruler":
+        ruler = ruler_plan(args)
+    elif args.task == "dataset":
+        if not args.dataset:
+            raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
+        examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
+    elif args.task == "babi":
+        items = headprobe.items_from_babi(headprobe.generate_questions(args.babi_count, args.babi_tasks, args.seed))
+        task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
+    else:
+        path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
+        needles = headprobe.load_needles(path, args.needle_ids)
+        if args.task == "longgen":
+            items = headprobe.items_from_longgen(needles)
+        else:
+            items = headprobe.items_from_needles(needles)
+        task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
+    return items, examples, ruler, task
+
+
+def _print_and_plot(args: argparse.Namespace, result, out: Path, ruler, plot: Path | None,
+                    memory_plot: Path | None, replaceable: set[Path]) -> None:
+    """The main rank's summary and figures (replacing a figure was settled by check_eval_outputs; the
+    result lists them)."""
     print(headprobe.format_eval_summary(result))
     if ruler is not None:
         print(ruler_summary(result, out))
     print(f"wrote {out}")
-    # Replacing the figures was settled by check_eval_outputs; the result lists them.
     if plot is not None:
         fig = (headprobe.needle_grid(result) if args.task not in ("dataset", "ruler")
                else headprobe.accuracy_vs_memory(result))
@@ -173,4 +215,3 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     if memory_plot is not None:
         fig = headprobe.accuracy_vs_memory(result)
         print(f"wrote {headprobe.save_figure(fig, memory_plot, force=memory_plot in replaceable)}")
-    return 0

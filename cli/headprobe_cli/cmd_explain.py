@@ -48,6 +48,15 @@ def register(sub, formatter) -> None:
     p.add_argument("--policy", default=None, help="headprobe runtime policy: snapkv or streaming (default: how the "
                    "budget runs best, printed)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
+    _add_profile_arguments(p)
+    _add_tool_file_arguments(p)
+    _add_output_arguments(p)
+    add_force_argument(p, "existing outputs")
+    p.set_defaults(func=run)
+
+
+def _add_profile_arguments(p) -> None:
+    """The options of a profile's allocation, as ``headprobe allocate`` takes them."""
     g = p.add_argument_group("profiles (allocated as `headprobe allocate` does)")
     g.add_argument("--method", default=None, help="allocation method (default: headkv for a head-score profile, "
                    "dynamickv for a layer-retention profile, combined for both)")
@@ -61,6 +70,10 @@ def register(sub, formatter) -> None:
                    help="score temperature (profile; HeadKV file: HeadKV's --temp is 1 / temperature)")
     g.add_argument("--reduction", default=None, help="profile: query->KV head reduction")
     g.add_argument("--task", default=None, help="profile: layer-retention task or mix")
+
+
+def _add_tool_file_arguments(p) -> None:
+    """The options of DuoAttention folders, HeadKV score files and kvpress presses."""
     d = p.add_argument_group("DuoAttention folders")
     d.add_argument("--sparsity", type=float, default=None,
                    help="DuoAttention's --sparsity (default: the raw cut, values above 0.5 are full)")
@@ -76,13 +89,15 @@ def register(sub, formatter) -> None:
                    "folder, DuoAttentionPress' head_compression_ratio (default: --sparsity, else the folder's)")
     k.add_argument("--press-option", action="append", default=[], metavar="KEY=VALUE",
                    help="press option, repeatable (window_size=64, beta=20, n_sink=4, alpha_safeguard=0.2)")
+
+
+def _add_output_arguments(p) -> None:
+    """The files a run writes."""
     o = p.add_argument_group("outputs")
     o.add_argument("--plot", default=None, metavar="FILE", help="figure: the budget and each engine's bytes (PNG/SVG)")
     o.add_argument("--json", default=None, metavar="FILE", help="everything, as headprobe.explain JSON")
     o.add_argument("--to", default=None, choices=["budget"], help="write the equivalent headprobe budget map to -o")
     o.add_argument("-o", "--output", default=None, metavar="FILE", help="the budget map --to budget writes")
-    add_force_argument(p, "existing outputs")
-    p.set_defaults(func=run)
 
 
 def _outputs(args) -> dict[str, Path]:

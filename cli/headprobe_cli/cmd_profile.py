@@ -65,48 +65,8 @@ def register(sub, formatter) -> None:
                "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)",
     )
     add_loading_arguments(p)
-    p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
-                   choices=LazyChoices(lambda: ["all", *headprobe.PROBES]),
-                   help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
-    p.add_argument("--mode", choices=[*headprobe.MODES, "auto"], default="auto",
-                   help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
-                        "reuse: approximate, one haystack forward per length, a share of it recomputed per trial; "
-                        "auto: reuse mode at a 0%% share on a CPU (measured close to exact, docs/benchmarks.md), "
-                        "fast mode on a GPU or where a probe or the model does not run in reuse mode")
-    p.add_argument("--recompute-share", type=float, default=unset(100 * frontend.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
-                   help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
-    p.add_argument("--until-stable", action="store_true",
-                   help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
-                        "when its top-k heads are stable across bootstrap resamples")
-    p.add_argument("--stable-k", type=int, default=unset(20), metavar="K", help="--until-stable: size of the top head set")
-    p.add_argument("--stable-jaccard", type=float, default=unset(0.9), metavar="J",
-                   help="--until-stable: least mean Jaccard index of the resampled top-k sets")
-    p.add_argument("--plot-stability", action="store_true",
-                   help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
-                        "top-k stability as trials were added")
-    p.add_argument("--grid", choices=list(frontend.probe_grid.GRIDS), default=unset("auto"),
-                   help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
-    p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
-    p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
-    p.add_argument("--seeds", nargs="+", type=int, default=unset([0]), help="haystack seeds (document order)")
-    p.add_argument("--needles", nargs="+", metavar="ID", help="only these needle ids")
-    p.add_argument("--needle-file", action="append", default=[], metavar="FILE",
-                   help="your own needle file (JSONL), repeatable: each needle's kind decides which probe uses "
-                        "it; a kind no file holds uses the shipped needles")
-    p.add_argument("--haystack", help="text file or folder of .txt files (default: the shipped corpus)")
-    p.add_argument("--contexts", metavar="FILE",
-                   help="your own examples (JSONL/JSON/CSV/Parquet or a dataset folder), each a context, a question "
-                        "and an answer found in the context: profiles context_retrieval, context_enhanced_retrieval "
-                        "and query_focus (what --probe all means with this flag)")
-    p.add_argument("--fields", metavar="ROLE=NAME,...",
-                   help="--contexts: field names, e.g. context=document,question=query,answer=answer"
-                        "[,answer_offset=start][,id=key]; answers is another name of answer (default: context; question, "
-                        "else input; answer, else answers)")
-    p.add_argument("--split", metavar="NAME",
-                   help="--contexts: the split of a folder holding several (default: its only split)")
-    p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
-    p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
-    p.add_argument("--retention-max-tokens", type=int, default=unset(2048), help="layer-retention prompt length cap")
+    _add_probe_arguments(p)
+    _add_trial_arguments(p)
     p.add_argument("--gate", choices=["auto", "published", "likelihood"], default=unset("auto"),
                    help="retrieval-reasoning gate: QA-F1 > 0.5 (published), correct candidate more likely than "
                         "the distractor (likelihood), or auto: likelihood for models under 1B parameters, "
@@ -130,6 +90,57 @@ def register(sub, formatter) -> None:
                    help="--merge: write profiles even when trials of the grid are missing from the logs")
     p.set_defaults(func=run)
     p.set_defaults(profile_defaults={a.dest: a.default for a in p._actions})
+
+
+def _add_probe_arguments(p) -> None:
+    """Which probes run, in which mode, and when a needle pass may stop early."""
+    p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
+                   choices=LazyChoices(lambda: ["all", *headprobe.PROBES]),
+                   help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
+    p.add_argument("--mode", choices=[*headprobe.MODES, "auto"], default="auto",
+                   help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
+                        "reuse: approximate, one haystack forward per length, a share of it recomputed per trial; "
+                        "auto: reuse mode at a 0%% share on a CPU (measured close to exact, docs/benchmarks.md), "
+                        "fast mode on a GPU or where a probe or the model does not run in reuse mode")
+    p.add_argument("--recompute-share", type=float, default=unset(100 * frontend.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
+                   help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
+    p.add_argument("--until-stable", action="store_true",
+                   help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
+                        "when its top-k heads are stable across bootstrap resamples")
+    p.add_argument("--stable-k", type=int, default=unset(20), metavar="K", help="--until-stable: size of the top head set")
+    p.add_argument("--stable-jaccard", type=float, default=unset(0.9), metavar="J",
+                   help="--until-stable: least mean Jaccard index of the resampled top-k sets")
+    p.add_argument("--plot-stability", action="store_true",
+                   help="also write <name>.<kind>.stability.png: top heads with bootstrap intervals and the "
+                        "top-k stability as trials were added")
+
+
+def _add_trial_arguments(p) -> None:
+    """The trial grid (lengths, depths, seeds) and what the trials read (needles, haystack, contexts,
+    layer-retention tasks)."""
+    p.add_argument("--grid", choices=list(frontend.probe_grid.GRIDS), default=unset("auto"),
+                   help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
+    p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
+    p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
+    p.add_argument("--seeds", nargs="+", type=int, default=unset([0]), help="haystack seeds (document order)")
+    p.add_argument("--needles", nargs="+", metavar="ID", help="only these needle ids")
+    p.add_argument("--needle-file", action="append", default=[], metavar="FILE",
+                   help="your own needle file (JSONL), repeatable: each needle's kind decides which probe uses "
+                        "it; a kind no file holds uses the shipped needles")
+    p.add_argument("--haystack", help="text file or folder of .txt files (default: the shipped corpus)")
+    p.add_argument("--contexts", metavar="FILE",
+                   help="your own examples (JSONL/JSON/CSV/Parquet or a dataset folder), each a context, a question "
+                        "and an answer found in the context: profiles context_retrieval, context_enhanced_retrieval "
+                        "and query_focus (what --probe all means with this flag)")
+    p.add_argument("--fields", metavar="ROLE=NAME,...",
+                   help="--contexts: field names, e.g. context=document,question=query,answer=answer"
+                        "[,answer_offset=start][,id=key]; answers is another name of answer (default: context; question, "
+                        "else input; answer, else answers)")
+    p.add_argument("--split", metavar="NAME",
+                   help="--contexts: the split of a folder holding several (default: its only split)")
+    p.add_argument("--tasks", nargs="+", help="layer-retention task types (default: all shipped)")
+    p.add_argument("--samples-per-task", type=int, help="layer-retention prompts per task")
+    p.add_argument("--retention-max-tokens", type=int, default=unset(2048), help="layer-retention prompt length cap")
 
 
 def run(args) -> int:
