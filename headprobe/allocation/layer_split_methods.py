@@ -30,11 +30,11 @@ from .layer_split_choice import (
 from .options import AllocatorOptions, CapacityOptions, option, spelled
 
 
-def _engine_option() -> str:
+def engine_option() -> str:
     return option("vllm", "the serving engine whose per-layer windows the split obeys", choices=ENGINES)
 
 
-def _globals_option() -> int | None:
+def global_layers_option() -> int | None:
     return option(None, "layers kept whole (default: as many as --capacity or --ratio allows at --prompt-len)")
 
 
@@ -42,8 +42,8 @@ def _globals_option() -> int | None:
 class LayerSplitOptions(AllocatorOptions):
     """``layer_split``'s options: the engine, the number of global layers, the retention task."""
 
-    engine: str = _engine_option()
-    global_layers: int | None = _globals_option()
+    engine: str = engine_option()
+    global_layers: int | None = global_layers_option()
     task: str | Mapping[str, float] | None = task_option()
 
     def check(self) -> None:
@@ -56,8 +56,8 @@ class LayerSplitOptions(AllocatorOptions):
 class LayerSplitHeadsOptions(AllocatorOptions):
     """``layer_split_heads``'s options: the engine, the number of global layers, how head scores make a layer's."""
 
-    engine: str = _engine_option()
-    global_layers: int | None = _globals_option()
+    engine: str = engine_option()
+    global_layers: int | None = global_layers_option()
     layer_score: str = option("sum", "a layer's score from its KV-head scores", choices=LAYER_SCORES)
 
     def check(self) -> None:
@@ -113,4 +113,5 @@ HEADS_ALLOCATOR = Allocator("layer_split_heads", ("head_scores",),
                             "best layers by head scores global, the rest a sliding window (engines' layer split)",
                             LayerSplitHeadsOptions, run_heads, policy=SPLIT_POLICY)
 
-__all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "LayerSplitHeadsOptions", "LayerSplitOptions", "split_target")
+__all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "LayerSplitHeadsOptions", "LayerSplitOptions", "engine_option",
+           "global_layers_option", "split_target")

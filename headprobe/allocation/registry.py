@@ -17,13 +17,14 @@ from .headkv import ALLOCATOR as HEADKV
 from .headkv import DEFAULT_BETA
 from .layer_split_methods import HEADS_ALLOCATOR as LAYER_SPLIT_HEADS
 from .layer_split_methods import RETENTION_ALLOCATOR as LAYER_SPLIT
+from .layer_split_random import ALLOCATOR as LAYER_SPLIT_RANDOM
 from .options import AllocatorOptions, OptionInfo
 from .pyramid import ALLOCATOR as PYRAMID
 from .uniform import ALLOCATOR as UNIFORM
 
 #: Method name → allocator, in the order help texts list them.
 ALLOCATORS: dict[str, Allocator] = {a.name: a for a in (HEADKV, DYNAMICKV, COMBINED, UNIFORM, PYRAMID,
-                                                          LAYER_SPLIT, LAYER_SPLIT_HEADS)}
+                                                          LAYER_SPLIT, LAYER_SPLIT_HEADS, LAYER_SPLIT_RANDOM)}
 
 
 def option_infos() -> dict[str, OptionInfo]:

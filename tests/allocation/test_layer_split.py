@@ -121,3 +121,59 @@ def test_allocate_writes_a_budget_map_that_carries_the_split():
     bm2 = hp.allocate("layer_split_heads", [heads], window=128, sink=4, prompt_len=2048, global_layers=4,
                       engine="tensorrt-llm", layer_score="mean")
     assert len(LayerSplit.from_json(bm2.method["layer_split"]).global_layers) == 4
+
+
+# ---- the random baseline: the same split with the global layers drawn at random --------------------------------
+
+def test_random_split_keeps_as_many_global_layers_and_bytes_as_the_chosen_split():
+    retention = hp.load_profile("profiles/smollm2-135m.layer_retention.json")
+    for window, ratio, count in ((64, 0.10, 2), (256, 0.25, 4), (256, 0.50, 12)):
+        sized = {"window": window, "ratio": ratio, "prompt_len": 2000, "capacity": None}
+        chosen = LayerSplit.from_json(hp.allocate("layer_split", [retention], **sized).method["layer_split"])
+        for seed in (0, 1, 2):
+            bm = hp.allocate("layer_split_random", model=retention.model, seed=seed, **sized)
+            split = LayerSplit.from_json(bm.method["layer_split"])
+            assert len(split.global_layers) == len(chosen.global_layers) == count
+            assert split.kept_bytes() == chosen.kept_bytes() and split.full_bytes() == chosen.full_bytes()
+            assert sorted(split.kept_tokens()) == sorted(chosen.kept_tokens())
+            assert bm.total == sum(split.kept_tokens()) * 3
+            assert bm.method["run_with"] == {"policy": "layer_window", "options": {"sink": 0}}
+            assert bm.method["seed"] == seed and bm.method["sources"] == [] and split.source["seed"] == seed
+
+
+def test_random_split_is_reproducible_by_seed():
+    def drawn(seed, count=4):
+        bm = hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, seed=seed, window=256, prompt_len=2000,
+                         global_layers=count)
+        return LayerSplit.from_json(bm.method["layer_split"]).global_layers
+
+    assert drawn(1) == drawn(1) == [5, 11, 12, 27]          # numpy's PCG64 permutation of the 30 layers
+    assert drawn(2) == [3, 11, 15, 20] and drawn(3) == [0, 4, 7, 20]
+    default = hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, window=256, prompt_len=2000, global_layers=4)
+    assert default.method["seed"] == 0 and LayerSplit.from_json(default.method["layer_split"]).global_layers == drawn(0)
+    # every layer is drawn over seeds: the draw is over all 30, not a fixed few
+    seen = {layer for seed in range(60) for layer in drawn(seed)}
+    assert seen == set(range(30))
+
+
+def test_random_split_draws_only_layers_that_may_be_global():
+    picks = set()
+    for seed in range(20):
+        bm = hp.allocate("layer_split_random", model=GEMMA3, seed=seed, window=256, prompt_len=4000, global_layers=2)
+        split = LayerSplit.from_json(bm.method["layer_split"])
+        assert len(split.global_layers) == 2 and set(split.global_layers) <= {5, 11, 17}
+        assert all(split.layers[i] == 256 for i in split.local_layers)
+        picks.add(tuple(split.global_layers))
+    assert picks == {(5, 11), (5, 17), (11, 17)}
+
+
+def test_random_split_refusals():
+    with pytest.raises(HeadprobeError, match="seed=-1: expected 0 or more"):
+        hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, seed=-1, window=256, prompt_len=2000)
+    with pytest.raises(HeadprobeError, match="seed=1.5: expected an integer"):
+        hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, seed=1.5, window=256, prompt_len=2000)
+    with pytest.raises(HeadprobeError, match="sink=4: vllm keeps no sink"):
+        hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, sink=4, window=256, prompt_len=2000,
+                    global_layers=2)
+    with pytest.raises(HeadprobeError, match="seed=1: does not apply to method layer_split "):
+        hp.allocate("layer_split", [hp.load_profile("profiles/smollm2-135m.layer_retention.json")], seed=1)

