@@ -130,6 +130,9 @@ _API: dict[str, dict[str, str]] = {
         "RecordedPrefill": "runtime.shared_prefill",
         "generate_from_prefill": "runtime.shared_prefill",
         "record_prefill": "runtime.shared_prefill",
+        "CacheSetting": "runtime.settings_batch",
+        "SettingGeneration": "runtime.settings_batch",
+        "generate_settings": "runtime.settings_batch",
     },
     # evaluation: needle / bAbI-style grids, outside QA datasets, head ablation
     "evaluation": {

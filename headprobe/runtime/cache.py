@@ -276,6 +276,75 @@ class CompressedCache(Cache):
         per = 2 * store.head_dim * store.element_size()
         return store.batch * self.num_layers * self.num_kv_heads * tokens * per
 
+    # ---- several caches decoding as one batch ----------------------------------------------------
+
+    def decode_key(self) -> tuple[Any, ...] | None:
+        """What decoding does to this cache (its policies' :meth:`~headprobe.runtime.policies.Policy.decode_group`,
+        the sliding layers' too when the model has some); ``None`` when it decodes alone. Caches with equal
+        keys decode their rows together (:meth:`stack`)."""
+        main = self.policy.decode_group()
+        if main is None:
+            return None
+        if SLIDING not in self.shape.layer_types:
+            return (main, None)
+        side = self.sliding_policy.decode_group()
+        return None if side is None else (main, side)
+
+    @classmethod
+    def stack(cls, caches: list[CompressedCache]) -> CompressedCache:
+        """One cache whose batch rows are the rows of ``caches`` (in order), each holding its prompt.
+
+        The rows keep their own pairs, budgets, padding and decode room, so decoding the stacked cache
+        changes each row exactly as decoding its own cache would (the caches must share a
+        :meth:`decode_key`). The sources' stores are emptied; :meth:`unstack` gives the rows back.
+
+        Raises
+        ------
+        HeadprobeError
+            A cache that decodes alone, caches that decode differently or hold different prompt lengths,
+            or one without its prompt.
+        """
+        first = caches[0]
+        keys = {c.decode_key() for c in caches}
+        if None in keys or len(keys) > 1:
+            raise HeadprobeError("CompressedCache.stack: the caches do not decode alike (decode_key)")
+        if any(c.budgets is None for c in caches) or len({c.layers[0].seen for c in caches}) > 1:
+            raise HeadprobeError("CompressedCache.stack: every cache must hold the same prompt's tokens")
+        merged = cls(first.shape, first.policy, first.budget, max_new_tokens=first.max_new_tokens,
+                     sliding_policy=first.sliding_policy)
+        merged.pad = torch.cat([c.pad.to(first.pad.device) for c in caches])
+        merged.prompt_lengths = torch.cat([c.prompt_lengths.to(first.prompt_lengths.device) for c in caches])
+        merged.budgets = torch.cat([c.budgets.to(first.budgets.device) for c in caches])
+        merged._budgets_on = {merged.budgets.device: merged.budgets}
+        merged._host_budgets = [np.concatenate([c._host_budgets[i] for c in caches]) for i in range(first.num_layers)]
+        for i, layer in enumerate(merged.layers):
+            layer.stack_rows([c.layers[i] for c in caches])
+            layer.seen = first.layers[i].seen
+            layer.is_initialized = True
+            for c in caches:
+                c.layers[i].release()
+        return merged
+
+    def unstack(self, caches: list[CompressedCache], seen: list[int | None] | None = None) -> None:
+        """Give the rows of a stacked cache (:meth:`stack`) back to ``caches`` (the same list, in order).
+
+        ``seen``: per cache, the tokens it had taken when its rows stopped (:meth:`freeze_rows`); ``None``
+        for one that decoded to the end.
+        """
+        row = 0
+        for k, cache in enumerate(caches):
+            rows = cache.pad.shape[0]
+            for i, layer in enumerate(cache.layers):
+                layer.take_rows(self.layers[i], row, rows)
+                stopped = seen[k] if seen is not None else None
+                layer.seen = self.layers[i].seen if stopped is None else stopped
+            row += rows
+
+    def freeze_rows(self, first: int, count: int) -> None:
+        """Rows ``first .. first + count - 1`` have finished: from now on every layer keeps them as they are."""
+        for layer in self.layers:
+            layer.freeze_rows(first, count)
+
     # ---- the attention call ----------------------------------------------------------------------
 
     def attend(self, layer: CompressedLayer, query: torch.Tensor, scaling: float, sliding_window: int | None,

@@ -23,6 +23,7 @@ import torch
 from ..errors import HeadprobeError, param
 from ..models.cache_argument import with_cache
 from ..models.loading import generation_eos_ids, transformers_model
+from .answer_stop import AnswerStop, decode_rest
 from .budget_sources import UniformBudget
 from .cache import CompressedCache, CompressedLayer
 from .cache_attention import headprobe_attention
@@ -160,7 +161,8 @@ def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokeni
 def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: Any = None,
                           policy: str | Policy = DEFAULT_POLICY, budget: Any = None, ratio: float | None = None,
                           capacity: int | None = None, max_new_tokens: int = 64,
-                          policy_options: dict[str, Any] | None = None, **generate_kwargs: Any) -> GenerationResult:
+                          policy_options: dict[str, Any] | None = None, stop_at_line: bool = False,
+                          **generate_kwargs: Any) -> GenerationResult:
     """Generate from a recorded prefill with a fresh compressed cache (greedy).
 
     Parameters
@@ -171,6 +173,8 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
         The record; it is not modified and can serve any number of calls.
     policy, budget, ratio, capacity, max_new_tokens, policy_options
         As for :func:`~headprobe.runtime.generate.generate_compressed`.
+    stop_at_line
+        Also end a row at its answer's first line break (:class:`~headprobe.runtime.answer_stop.AnswerStop`).
 
     Returns
     -------
@@ -182,39 +186,32 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     HeadprobeError
         A policy whose prefill is not plain attention (KeyDiff), or sampling / logits processors.
     """
-    hf_model = transformers_model(model)
-    tokenizer = tokenizer or getattr(model, "tokenizer", None)
-    check_greedy(hf_model, generate_kwargs)
-    if max_new_tokens < 1:
-        raise HeadprobeError(f"generate_from_prefill: {param('max_new_tokens', max_new_tokens)}: expected at least 1")
+    hf_model, tokenizer = check_replay(model, tokenizer, max_new_tokens, generate_kwargs)
     ids, mask = prefill.input_ids, prefill.attention_mask
     with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
         cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, mask)
         cache.compress_prompt(prefill.layers)
-        first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.device, ids.dtype)   # [batch, 1]
-        sequences = torch.cat([ids, first], 1)
-        eos = generation_eos_ids(hf_model, tokenizer)
-        if max_new_tokens > 1 and not all(int(t) in eos for t in first[:, 0]):
-            sequences = _decode_rest(hf_model, tokenizer, cache, sequences, mask, first, eos, max_new_tokens - 1,
-                                     generate_kwargs)
+        sequences = first_tokens(prefill)
+        stop = AnswerStop(tokenizer, ids.shape[1], generation_eos_ids(hf_model, tokenizer), stop_at_line)
+        if max_new_tokens > 1 and not all(stop.row_done(row) for row in sequences):
+            sequences = decode_rest(hf_model, tokenizer, cache, sequences, mask, max_new_tokens - 1, generate_kwargs,
+                                    stop)
     return finish(tokenizer, sequences, ids.shape[1], cache)
 
 
-def _decode_rest(hf_model: Any, tokenizer: Any, cache: CompressedCache, sequences: torch.Tensor,
-                 mask: torch.Tensor, first: torch.Tensor, eos: set[int], new: int,
-                 generate_kwargs: dict[str, Any]) -> torch.Tensor:
-    """Greedy ``generate`` of ``new`` more tokens after the prompt and its recorded first token ``first``
-    ``[batch, 1]``; rows whose first token ended them are padded as generate pads them."""
-    kwargs = {"do_sample": False, "max_new_tokens": new, **generate_kwargs}
-    if tokenizer is not None and tokenizer.pad_token_id is not None:
-        kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
-    prompt_len = mask.shape[1]
-    sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(first)], 1),
-                                  **with_cache(hf_model, cache), **kwargs)
-    done = torch.tensor([int(t) in eos for t in first[:, 0]], device=sequences.device)
-    pad = tokenizer.pad_token_id if tokenizer is not None else None
-    if bool(done.any()) and pad is not None:
-        sequences[done, prompt_len + 1:] = pad
-    cache.check_attended()
-    return sequences
+def check_replay(model: Any, tokenizer: Any, max_new_tokens: int,
+                 generate_kwargs: dict[str, Any]) -> tuple[Any, Any]:
+    """``(hf_model, tokenizer)`` of a replay, after refusing what a recorded prefill cannot serve (sampling,
+    logits processors, no new token)."""
+    hf_model = transformers_model(model)
+    check_greedy(hf_model, generate_kwargs)
+    if max_new_tokens < 1:
+        raise HeadprobeError(f"generate_from_prefill: {param('max_new_tokens', max_new_tokens)}: expected at least 1")
+    return hf_model, tokenizer or getattr(model, "tokenizer", None)
 
+
+def first_tokens(prefill: RecordedPrefill) -> torch.Tensor:
+    """``[batch, prompt_len + 1]``: the prompt and its greedy first token, from the recorded logits."""
+    ids = prefill.input_ids
+    first = prefill.next_logits.argmax(-1, keepdim=True).to(ids.device, ids.dtype)   # [batch, 1]
+    return torch.cat([ids, first], 1)

@@ -85,6 +85,7 @@ class LayerStore:
         self._pair_state: dict[str, torch.Tensor] = {}
         self._state_bytes = 0
         self._limit: tuple[torch.Tensor, np.ndarray] | None = None
+        self._frozen = None
         return self
 
     def set_limit(self, limit: torch.Tensor | np.ndarray) -> None:
@@ -98,6 +99,85 @@ class LayerStore:
         self._keys = self._values = self._positions = self._log_votes = None
         self._pair_state = {}
         self._state_bytes = 0
+        self._frozen: tuple[torch.Tensor, np.ndarray] | None = None
+
+    # ---- rows of several stores ------------------------------------------------------------------
+
+    def stack_rows(self, stores: list[LayerStore]) -> LayerStore:
+        """Fill this store with the batch rows of ``stores``, in order (one copy of their pairs); returns it.
+
+        Each source keeps its segments' capacity, length, peak and limit, so the stacked rows decode
+        exactly as each source would alone. Sources must agree on KV heads, head size, dtype and device,
+        and hold no per-pair statistics or votes.
+        """
+        first = stores[0]
+        for s in stores:
+            if s._pair_state or s._log_votes is not None or s._frozen is not None:
+                raise ValueError("stack_rows: a store with votes, per-pair state or frozen rows cannot be stacked")
+            if (s.kv_heads, s.head_dim, s._keys.dtype, s._keys.device) != (
+                    first.kv_heads, first.head_dim, first._keys.dtype, first._keys.device):
+                raise ValueError("stack_rows: the stores differ in KV heads, head size, dtype or device")
+        self.batch, self.kv_heads, self.head_dim = sum(s.batch for s in stores), first.kv_heads, first.head_dim
+        self._layout(np.concatenate([s._host_capacity for s in stores]), first._keys.dtype, first._keys.device,
+                     votes=False)
+        base = 0
+        for s in stores:                                  # every source's segments, back to back
+            rows = s._spare
+            self._keys[base:base + rows] = s._keys[:rows]
+            self._values[base:base + rows] = s._values[:rows]
+            self._positions[base:base + rows] = s._positions[:rows]
+            base += rows
+        self._lengths = torch.cat([s._lengths for s in stores])
+        self._host_lengths = np.concatenate([s._host_lengths for s in stores])
+        self._peak = torch.cat([s._peak for s in stores])
+        self._pair_state = {}
+        self._state_bytes = sum(s._state_bytes for s in stores)
+        # a source without a limit of its own evicts at its capacity: -1 says so segment by segment
+        limits = [s._limit or (torch.full_like(s._capacity, -1), np.full_like(s._host_capacity, -1)) for s in stores]
+        self._limit = None if all(s._limit is None for s in stores) else (
+            torch.cat([lim[0] for lim in limits]), np.concatenate([lim[1] for lim in limits]))
+        self._frozen = None
+        return self
+
+    def take_rows(self, source: LayerStore, first: int, count: int) -> LayerStore:
+        """Fill this store with batch rows ``first .. first + count - 1`` of ``source`` (one copy of their
+        pairs); returns it.
+
+        The rows' segments keep their capacity, length, peak and limit: the store is the one those rows
+        built alone before :meth:`stack_rows`.
+        """
+        h = source.kv_heads
+        seg = slice(first * h, (first + count) * h)
+        start = int(source._host_capacity[: first * h].sum())
+        self.batch, self.kv_heads, self.head_dim = count, h, source.head_dim
+        self._layout(source._host_capacity[seg].copy(), source._keys.dtype, source._keys.device,
+                     votes=source._log_votes is not None)
+        rows = self._spare
+        self._keys[:rows] = source._keys[start:start + rows]
+        self._values[:rows] = source._values[start:start + rows]
+        self._positions[:rows] = source._positions[start:start + rows]
+        self._lengths = source._lengths[seg].clone()
+        self._host_lengths = source._host_lengths[seg].copy()
+        self._peak = source._peak[seg].clone()
+        self._pair_state = {}
+        self._state_bytes = 0
+        own = source._limit is not None and bool((source._limit[1][seg] >= 0).all())
+        self._limit = (source._limit[0][seg].clone(), source._limit[1][seg].copy()) if own else None
+        self._frozen = None
+        return self
+
+    def freeze_rows(self, first: int, count: int) -> None:
+        """:meth:`freeze` the segments of batch rows ``first .. first + count - 1`` too."""
+        host = self._frozen[1].copy() if self._frozen is not None else np.zeros(self.segments, dtype=bool)
+        host[first * self.kv_heads:(first + count) * self.kv_heads] = True
+        self.freeze(host)
+
+    def freeze(self, host_frozen: np.ndarray) -> None:
+        """Stop changing the segments marked True (``[segments]`` host bool): appends write them nothing and
+        :meth:`at_limit` never calls them full, so a finished batch row keeps what it held when it finished
+        while the other rows decode on."""
+        host = np.asarray(host_frozen, dtype=bool).reshape(-1).copy()
+        self._frozen = (torch.from_numpy(host).to(self._capacity.device), host) if host.any() else None
 
     @property
     def allocated(self) -> bool:
@@ -193,7 +273,13 @@ class LayerStore:
         """
         if limit is None:
             limit, host_limit = getattr(self, "_limit", None) or (self._capacity, self._host_capacity)
-        return self._lengths >= limit, self._host_lengths >= host_limit
+            if limit is not self._capacity and (host_limit < 0).any():      # stacked rows without a limit
+                limit = torch.where(limit < 0, self._capacity, limit)
+                host_limit = np.where(host_limit < 0, self._host_capacity, host_limit)
+        full, host_full = self._lengths >= limit, self._host_lengths >= host_limit
+        if self._frozen is not None:
+            full, host_full = full & ~self._frozen[0], host_full & ~self._frozen[1]
+        return full, host_full
 
     # ---- views -----------------------------------------------------------------------------------
 
@@ -294,7 +380,11 @@ class LayerStore:
         """
         b, h, n, d = keys.shape
         self.ensure_room(n)
-        if valid is None:
+        if valid is None and self._frozen is not None:       # finished rows take nothing (decided on the host)
+            ok = (~self._frozen[0])[:, None].expand(b * h, n)
+            added = ok.long().sum(1)
+            host_added = np.where(self._frozen[1], 0, n).astype(np.int64)
+        elif valid is None:
             ok = torch.ones(b * h, n, dtype=torch.bool, device=keys.device)
             added = torch.full((b * h,), n, dtype=torch.int64, device=keys.device)
             host_added = np.full(b * h, n, dtype=np.int64)
@@ -321,6 +411,8 @@ class LayerStore:
 
         room = self._host_capacity - self._host_lengths
         short = room < extra
+        if self._frozen is not None:                # a finished row takes nothing more
+            short &= ~self._frozen[1]
         if bool(short.any()):       # a full segment grows by a step (an eighth of it); the others keep their room
             room = np.clip(room, 0, None)
             self.relayout(np.where(short, room + growth(self._host_capacity, extra), room), keep_limit=True)

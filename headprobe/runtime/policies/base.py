@@ -223,6 +223,12 @@ def evict_oldest(ctx: LayerContext, protect_first: int) -> None:
     store.remove(pos.argmin(1), full, host_full)
 
 
+def decodes_as(cls: type, owner: type) -> bool:
+    """Whether ``cls`` decodes with ``owner``'s hooks (``decode``, ``before_append``, ``after_attend``), none
+    overridden below it."""
+    return all(getattr(cls, hook) is getattr(owner, hook) for hook in ("decode", "before_append", "after_attend"))
+
+
 def _check_type(policy: str, key: str, value: Any, default: Any) -> None:
     """Refuse an option value of the wrong kind (``window=8.5``, ``adaptive=yes``) in one line."""
     if isinstance(default, bool):
@@ -365,6 +371,18 @@ class Policy:
         out = ctx.store.attend(ctx.query, ctx.positions, ctx.scaling, ctx.sliding_window, ctx.softcap)
         self.after_attend(ctx)
         return out
+
+    def decode_group(self) -> tuple[Any, ...] | None:
+        """What decoding does to a cache, as a key: rows of caches whose policies give equal keys decode in
+        one batch (:func:`headprobe.runtime.settings_batch.generate_settings`), each exactly as alone.
+
+        Default: the base's decode (append the new token, attend) with no per-layer state or votes, which
+        any per-head budgets share: ``("append",)``. A policy that overrides a decode hook gives its own key,
+        or ``None`` (its rows decode alone).
+        """
+        if self.uses_votes or self.layer_state is not None or not decodes_as(type(self), Policy):
+            return None
+        return ("append",)
 
     def before_append(self, ctx: LayerContext) -> None:
         """Evict before the new tokens are written (policies with a constant-size cache). Decide on the host

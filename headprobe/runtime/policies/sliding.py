@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
-from .base import LayerContext, ScorerPolicy, evict_oldest
+from .base import LayerContext, ScorerPolicy, decodes_as, evict_oldest
 
 
 @dataclass
@@ -30,3 +30,7 @@ class SlidingWindow(ScorerPolicy):
 
     def before_append(self, ctx: LayerContext) -> None:
         evict_oldest(ctx, 0)
+
+    def decode_group(self) -> tuple[Any, ...] | None:
+        """Rows that evict their oldest pair decode together (a streaming cache without sinks among them)."""
+        return ("evict_oldest", 0) if decodes_as(type(self), SlidingWindow) else None

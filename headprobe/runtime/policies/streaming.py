@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from ...errors import HeadprobeError
-from .base import LayerContext, ScorerPolicy, check_window, evict_oldest
+from .base import LayerContext, ScorerPolicy, check_window, decodes_as, evict_oldest
 
 
 @dataclass
@@ -40,3 +40,8 @@ class Streaming(ScorerPolicy):
 
     def before_append(self, ctx: LayerContext) -> None:
         evict_oldest(ctx, self.sink)
+
+    def decode_group(self) -> tuple[Any, ...] | None:
+        """Rows that evict their oldest pair past the same ``sink`` decode together."""
+        same = decodes_as(type(self), Streaming) and self.layer_state is None and not self.uses_votes
+        return ("evict_oldest", self.sink) if same else None

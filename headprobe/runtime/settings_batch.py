@@ -1,0 +1,150 @@
+"""Many settings of one prompt, decoded together: one forward per decode step for every cache that decodes
+alike.
+
+Comparing settings on one prompt (``headprobe eval``, ``tune``) already shares the prompt's forward
+(:mod:`headprobe.runtime.shared_prefill`); what is left is decoding, one token at a time for every setting.
+:func:`generate_settings` builds each setting's compressed cache from the recorded prefill, then stacks
+the caches whose policies decode alike (:meth:`CompressedCache.decode_key`: the append-only policies,
+whatever their per-head budgets, in one batch; StreamingLLM's constant-size caches with the same sink in
+another) into one cache whose batch rows are the settings (:meth:`CompressedCache.stack`), and lets
+transformers' ``generate`` decode all rows at once. Each row keeps its own per-head budgets, pairs and decode
+room; a row stops at its end of answer (:class:`~headprobe.runtime.answer_stop.AnswerStop`) and its cache
+stops changing there, so every setting gets the tokens, cache bytes and kept tokens it gets decoded alone
+(a test checks it token for token). Policies that rewrite the cache while decoding (MorphKV, KeepKV) decode
+alone.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ..models.loading import generation_eos_ids
+from .answer_stop import AnswerStop, decode_rest
+from .cache import CompressedCache
+from .cache_attention import headprobe_attention
+from .generate import DEFAULT_POLICY, GenerationResult, finish, new_cache
+from .policies.base import Policy
+from .shared_prefill import RecordedPrefill, check_replay, first_tokens
+
+
+@dataclass(frozen=True)
+class CacheSetting:
+    """The cache of one setting: the budget arguments of :func:`~headprobe.runtime.generate.generate_compressed`."""
+
+    policy: str | Policy = DEFAULT_POLICY
+    budget: Any = None
+    ratio: float | None = None
+    capacity: int | None = None
+    policy_options: dict[str, Any] | None = None
+
+
+@dataclass
+class SettingGeneration:
+    """One setting's answer from :func:`generate_settings`.
+
+    Attributes
+    ----------
+    result
+        What :func:`~headprobe.runtime.shared_prefill.generate_from_prefill` returns for the setting alone
+        (sequences, answers, its own cache).
+    seconds
+        Building its cache from the prefill plus its share of the decode it was part of (the decode's wall
+        time over its rows' settings); the prompt forward is not included.
+    batch_settings
+        Settings decoded in the same batch (1: alone).
+    """
+
+    result: GenerationResult
+    seconds: float
+    batch_settings: int
+
+
+def decode_batches(caches: list[CompressedCache]) -> list[list[int]]:
+    """Indices of ``caches`` grouped by :meth:`~CompressedCache.decode_key`, in first-seen order; a cache
+    without a key is a group of its own."""
+    groups: dict[Any, list[int]] = {}
+    alone: list[list[int]] = []
+    for i, cache in enumerate(caches):
+        key = cache.decode_key()
+        if key is None:
+            alone.append([i])
+        else:
+            groups.setdefault(key, []).append(i)
+    return sorted([*groups.values(), *alone], key=lambda g: g[0])
+
+
+@torch.no_grad()
+def generate_settings(model: Any, prefill: RecordedPrefill, settings: list[CacheSetting], *, tokenizer: Any = None,
+                      max_new_tokens: int = 64, stop_at_line: bool = False,
+                      batched: bool = True) -> list[SettingGeneration]:
+    """Generate from one recorded prefill under every setting, the settings that decode alike in one batch.
+
+    Parameters
+    ----------
+    model
+        The model :func:`~headprobe.runtime.shared_prefill.record_prefill` ran.
+    prefill
+        The record (not modified); its prompt ``[batch, prompt_len]`` is every setting's.
+    settings
+        One :class:`CacheSetting` each.
+    max_new_tokens, stop_at_line
+        As for :func:`~headprobe.runtime.shared_prefill.generate_from_prefill`.
+    batched
+        ``False`` decodes each setting alone (the reference the batched decode is measured against).
+
+    Returns
+    -------
+    list of SettingGeneration
+        In the order of ``settings``; each result equals ``generate_from_prefill`` for that setting alone.
+    """
+    hf_model, tokenizer = check_replay(model, tokenizer, max_new_tokens, {})
+    ids, mask = prefill.input_ids, prefill.attention_mask
+    start = first_tokens(prefill)
+    stop_rule = (tokenizer, ids.shape[1], generation_eos_ids(hf_model, tokenizer), stop_at_line)
+    out: list[SettingGeneration | None] = [None] * len(settings)
+    with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
+        caches, build_seconds = [], []
+        for s in settings:
+            begin = time.perf_counter()
+            cache = new_cache(model, s.policy, s.budget, s.ratio, s.capacity, s.policy_options, max_new_tokens, mask)
+            cache.compress_prompt(prefill.layers)
+            caches.append(cache)
+            build_seconds.append(time.perf_counter() - begin)
+        probe = AnswerStop(*stop_rule)
+        ended = max_new_tokens == 1 or all(probe.row_done(row) for row in start)
+        for group in decode_batches(caches) if batched else [[i] for i in range(len(caches))]:
+            begin = time.perf_counter()
+            members = [caches[i] for i in group]
+            if ended:
+                sequences = [start] * len(group)
+            elif len(group) == 1:
+                stop = AnswerStop(*stop_rule)
+                sequences = [decode_rest(hf_model, tokenizer, members[0], start, mask, max_new_tokens - 1, {}, stop)]
+            else:
+                sequences = _decode_stacked(hf_model, tokenizer, members, start, mask, max_new_tokens, stop_rule)
+            share = (time.perf_counter() - begin) / len(group)
+            for i, seq in zip(group, sequences, strict=True):
+                out[i] = SettingGeneration(finish(tokenizer, seq, ids.shape[1], caches[i]),
+                                           build_seconds[i] + share, len(group))
+    return out
+
+
+def _decode_stacked(hf_model: Any, tokenizer: Any, caches: list[CompressedCache], start: torch.Tensor,
+                    mask: torch.Tensor, max_new_tokens: int, stop_rule: tuple[Any, ...]) -> list[torch.Tensor]:
+    """Decode ``caches`` (one decode key) as the rows of one stacked cache; gives each cache its rows back
+    as they stand when its own rows finished. Returns each cache's sequences ``[batch, columns]``, as long as
+    its own decode would have made them."""
+    rows = start.shape[0]
+    merged = CompressedCache.stack(caches)
+    groups = [(k * rows, rows) for k in range(len(caches))]
+    stop = AnswerStop(*stop_rule, groups=groups, on_finish=merged.freeze_rows)
+    n = len(caches)
+    sequences = decode_rest(hf_model, tokenizer, merged, start.repeat(n, 1), mask.repeat(n, 1), max_new_tokens - 1,
+                            {}, stop)
+    lengths = [stop.finished.get(k, sequences.shape[1]) for k in range(n)]
+    merged.unstack(caches, [length - 1 if k in stop.finished else None for k, length in enumerate(lengths)])
+    return [sequences[k * rows:(k + 1) * rows, :lengths[k]] for k in range(n)]
