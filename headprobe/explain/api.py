@@ -137,11 +137,27 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         A bad value, an option that does not apply to the input, a file that is none of the inputs or that
         was made for another model.
     """
-    options = {"method": method, "capacity": capacity, "beta": beta, "window": window, "sink": sink,
-               "temperature": temperature, "reduction": reduction, "task": task, "sparsity": sparsity,
-               "sink_size": sink_size, "recent_size": recent_size, "gqa": gqa, "press": press, "ratio": ratio,
-               "press_options": dict(press_options or {})}
+    options = _option_dict(method, capacity, beta, window, sink, temperature, reduction, task, sparsity, sink_size,
+                           recent_size, gqa, press, ratio, press_options)
     setting = Setting(context, batch, dtype, max_new_tokens)
+    inp = _checked_input(inputs, model, options, policy, policy_options)
+    return _explanation(inp, setting, options, policy, policy_options)
+
+
+def _option_dict(method, capacity, beta, window, sink, temperature, reduction, task, sparsity, sink_size, recent_size,
+                 gqa, press, ratio, press_options) -> dict[str, Any]:
+    """:func:`explain_budget`'s input options by name (``press_options`` a dict, empty when not given)."""
+    return {"method": method, "capacity": capacity, "beta": beta, "window": window, "sink": sink,
+            "temperature": temperature, "reduction": reduction, "task": task, "sparsity": sparsity,
+            "sink_size": sink_size, "recent_size": recent_size, "gqa": gqa, "press": press, "ratio": ratio,
+            "press_options": dict(press_options or {})}
+
+
+def _checked_input(inputs: str | Path | Sequence[str | Path], model: str | None, options: dict[str, Any],
+                   policy: str | None, policy_options: Mapping[str, Any] | None) -> ExplainInput:
+    """Check every option, then read the input (with ``model``'s shape, :data:`DEFAULT_MODEL`'s for a press
+    alone) and refuse options that do not apply to its kind."""
+    press, ratio = options["press"], options["ratio"]
     _check_options(options)
     spec = press_spec(press) if press is not None else None
     if spec is not None:
@@ -160,12 +176,18 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         model = DEFAULT_MODEL
     identity = model_shape(model) if model is not None else None
     press_setting = PressSetting(press, ratio, options["press_options"]) if press is not None else None
-    inp = read_input(paths, identity, press_setting, sink_size, recent_size)
+    inp = read_input(paths, identity, press_setting, options["sink_size"], options["recent_size"])
     _check_applies(inp.kind, options)
+    return inp
+
+
+def _explanation(inp: ExplainInput, setting: Setting, options: dict[str, Any], policy: str | None,
+                 policy_options: Mapping[str, Any] | None) -> Explanation:
+    """The input's budget at ``setting`` and every engine's allocation of it, headprobe's runtime first."""
     build = {"budget_map": _budget_map, "profile": _profile, "duoattention": _duoattention, "headkv": _headkv,
              "kvpress": _kvpress}[inp.kind]
     conversion, rows, notes, applied = build(inp, setting, options)
-    rescale = capacity if inp.kind == "budget_map" else None
+    rescale = options["capacity"] if inp.kind == "budget_map" else None
     run_policy = policy or conversion.policy
     run_options = dict(policy_options or {}) if policy is not None else dict(conversion.options)
     runtime = runtime_allocation(conversion.budget_map, inp.model, setting, run_policy, run_options, rescale,

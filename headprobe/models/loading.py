@@ -190,23 +190,54 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     # copy in host memory (about 14.5 GB for a 7B model in bfloat16).
     placement = placement_kwargs(device if device == "auto" else _device_for_map(torch, device), max_memory,
                                  offload_folder, device_map)
+    path = _weights_path(resolved, model, trust_remote_code)
+    cache_only = check_hub_access(resolved, model)
+    kwargs = _from_pretrained_kwargs(torch_dtype, attn_implementation, placement, trust_remote_code, cache_only)
+    hf_model, tokenizer = _read_model(AutoModelForCausalLM, resolved, model, path, kwargs, trust_remote_code,
+                                      cache_only)
+    lm = _ready_model(hf_model, tokenizer, resolved, model)
+    if not asked_for_cpu:
+        _warn_if_large_on_cpu(torch, lm)
+    return lm
+
+
+def _weights_path(resolved: ResolvedModel, model: str, trust_remote_code: bool) -> str:
+    """Where the weights are read from: a shipped GGUF's conversion folder, else the resolved path (a local
+    folder checked for config, weights and tokenizer; code from the repository refused unless trusted)."""
     path = resolved.path
     if resolved.spec is not None and resolved.spec.gguf_package:
-        path = str(_converted_gguf(resolved.spec))
-    else:
-        _check_remote_code(path, model, trust_remote_code)
-        if resolved.source.startswith("local:"):
-            check_model_folder(Path(path), model, weights=True)
+        return str(_converted_gguf(resolved.spec))
+    _check_remote_code(path, model, trust_remote_code)
+    if resolved.source.startswith("local:"):
+        check_model_folder(Path(path), model, weights=True)
+    return path
+
+
+def _from_pretrained_kwargs(torch_dtype: Any, attn_implementation: str, placement: dict[str, Any],
+                            trust_remote_code: bool, cache_only: bool) -> dict[str, Any]:
+    """The keyword arguments of ``AutoModelForCausalLM.from_pretrained``."""
     kwargs: dict[str, Any] = {"dtype": torch_dtype, "attn_implementation": attn_implementation, **placement}
     if trust_remote_code:
         kwargs["trust_remote_code"] = True
-    cache_only = check_hub_access(resolved, model)
     if cache_only:
         kwargs["local_files_only"] = True
+    return kwargs
+
+
+def _read_model(auto_class: Any, resolved: ResolvedModel, model: str, path: str, kwargs: dict[str, Any],
+                trust_remote_code: bool, cache_only: bool) -> tuple[Any, Any]:
+    """The transformers model (``auto_class.from_pretrained``) and its tokenizer.
+
+    Raises
+    ------
+    HeadprobeError
+        A model that does not fit the memory given, files that are missing, unreadable or damaged, or
+        anything else transformers cannot load, in one line.
+    """
     try:
         path, tokenizer = _model_tokenizer(resolved, model, path, trust_remote_code, cache_only)
         with quiet_weight_loading():
-            hf_model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+            hf_model = auto_class.from_pretrained(path, **kwargs)
     except ValueError as exc:
         if "offload" in str(exc):
             # accelerate placed layers on disk and transformers has nowhere to keep them
@@ -221,16 +252,19 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         # a truncated or corrupt weight file: safetensors' header error, torch.load's archive error
         raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)}; the weight files look "
                              "damaged or incomplete: copy or download them again)") from exc
+    return hf_model, tokenizer
+
+
+def _ready_model(hf_model: Any, tokenizer: Any, resolved: ResolvedModel, model: str) -> LoadedModel:
+    """The model in eval mode with its fast tokenizer (a pad token set: the end-of-sequence token when it has
+    none) and its identity."""
     hf_model.eval()
     if not getattr(tokenizer, "is_fast", False):
         raise HeadprobeError(f"{param('model', model)}: needs a fast tokenizer (character offsets locate answer spans)")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     identity = identity_from_config(hf_model.config, resolved.name, resolved.source)
-    loaded = LoadedModel(model=hf_model, tokenizer=tokenizer, identity=identity)
-    if not asked_for_cpu:
-        _warn_if_large_on_cpu(torch, loaded)
-    return loaded
+    return LoadedModel(model=hf_model, tokenizer=tokenizer, identity=identity)
 
 
 @contextlib.contextmanager
@@ -275,10 +309,10 @@ def _why_no_cuda(torch: Any) -> str:
             "an NVIDIA driver older than that CUDA version has this effect")
 
 
-def _warn_if_large_on_cpu(torch: Any, loaded: LoadedModel) -> None:
+def _warn_if_large_on_cpu(torch: Any, lm: LoadedModel) -> None:
     """Warn when a model of several billion parameters ends up on the CPU without having been asked to."""
-    params = sum(p.numel() for p in loaded.model.parameters())
-    if params < LARGE_ON_CPU or any(p.device.type != "cpu" for p in loaded.model.parameters()):
+    params = sum(p.numel() for p in lm.model.parameters())
+    if params < LARGE_ON_CPU or any(p.device.type != "cpu" for p in lm.model.parameters()):
         return
     if torch.cuda.is_available():
         reason, fix = "device_map='auto' placed it there", "free GPU memory"
@@ -286,7 +320,7 @@ def _warn_if_large_on_cpu(torch: Any, loaded: LoadedModel) -> None:
         reason, fix = _why_no_cuda(torch), "install a CUDA build of torch on a GPU machine"
     else:
         reason, fix = _why_no_cuda(torch), "install the torch build that matches the NVIDIA driver"
-    warnings.warn(f"{loaded.identity.name} ({params / 1e9:.1f}B parameters) is on the CPU: {reason}. Probing "
+    warnings.warn(f"{lm.identity.name} ({params / 1e9:.1f}B parameters) is on the CPU: {reason}. Probing "
                   f"and generation will be very slow; {fix}, or pass {param('device', 'cpu')} to use the CPU "
                   "on purpose.", RuntimeWarning, stacklevel=3)
 
