@@ -96,6 +96,27 @@ def clamp_and_redistribute(budgets, prompt_len, window: int = 0, sink: int = 0, 
     [[50, 37], [37, 36]]
     """
     as_list = not isinstance(budgets, np.ndarray)
+    b, rows, lens, scalar_len = _budget_rows(budgets, prompt_len)
+    layers, heads = rows.shape[1:]
+    w = None if weights is None else np.asarray(weights, dtype=np.float64)
+    if w is not None and w.shape != (layers, heads):
+        raise ValueError(f"weights must have shape {(layers, heads)}, got {w.shape}")
+    lim = _layer_limits(limits, layers)
+    out = np.stack([_clamp_one(r, int(n), window + sink, w, lim) for r, n in zip(rows, lens, strict=True)])
+    if scalar_len and b.ndim == 2:
+        out = out[0]
+    return out.tolist() if as_list else out
+
+
+def _budget_rows(budgets, prompt_len) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool]:
+    """The checked budgets and one ``[layers][heads]`` row of them per prompt length.
+
+    Returns
+    -------
+    budgets, rows, lengths, scalar
+        ``budgets`` as an ``int64`` array, its ``[batch][layers][heads]`` rows (2-D budgets repeated for
+        each length), the prompt lengths (one per row) and whether ``prompt_len`` was one ``int``.
+    """
     b = np.asarray(budgets, dtype=np.int64)
     if b.ndim not in (2, 3):
         raise ValueError(f"budgets must be [layers][heads] or [batch][layers][heads], got shape {b.shape}")
@@ -113,19 +134,16 @@ def clamp_and_redistribute(budgets, prompt_len, window: int = 0, sink: int = 0, 
         rows = b
     else:
         rows = np.broadcast_to(b, (len(lens), *b.shape))
-    layers, heads = rows.shape[1:]
-    w = None if weights is None else np.asarray(weights, dtype=np.float64)
-    if w is not None and w.shape != (layers, heads):
-        raise ValueError(f"weights must have shape {(layers, heads)}, got {w.shape}")
-    lim = np.full(layers, np.iinfo(np.int64).max, dtype=np.int64)
-    if limits is not None:
-        if len(limits) != layers:
-            raise ValueError(f"limits must have one entry per layer ({layers}), got {len(limits)}")
-        lim = np.array([np.iinfo(np.int64).max if x is None else int(x) for x in limits], dtype=np.int64)
-    out = np.stack([_clamp_one(r, int(n), window + sink, w, lim) for r, n in zip(rows, lens, strict=True)])
-    if scalar_len and b.ndim == 2:
-        out = out[0]
-    return out.tolist() if as_list else out
+    return b, rows, lens, scalar_len
+
+
+def _layer_limits(limits, layers: int) -> np.ndarray:
+    """Per-layer caps as ``int64`` (no cap: the largest ``int64``)."""
+    if limits is None:
+        return np.full(layers, np.iinfo(np.int64).max, dtype=np.int64)
+    if len(limits) != layers:
+        raise ValueError(f"limits must have one entry per layer ({layers}), got {len(limits)}")
+    return np.array([np.iinfo(np.int64).max if x is None else int(x) for x in limits], dtype=np.int64)
 
 
 def _clamp_one(b: np.ndarray, prompt_len: int, floor: int, weights: np.ndarray | None,

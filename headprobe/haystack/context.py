@@ -222,11 +222,25 @@ def build_context(
         raise HeadprobeError(f"{param('lengths', length)}: beyond the model's context of {max_context} tokens")
     if not 0.0 <= depth <= 1.0:
         raise HeadprobeError(f"{param('depths', depth)}: expected a depth between 0 and 1")
-    text = haystack.text
-    offsets = _haystack_tokens(tokenizer, text)
+    offsets = _haystack_tokens(tokenizer, haystack.text)
     asked = question if question is not None else (needle.question if needle else "")
     form = prompt_format_of(tokenizer, chat_template)
     qtext = question_prompt(needle, question, form)
+    overhead = _prompt_overhead(tokenizer, needle, qtext, chat_template, form)
+    budget = length - overhead
+    if budget <= 0:
+        raise HeadprobeError(f"{param('lengths', length)}: too short for the prompt around the haystack "
+                             f"({overhead} tokens)")
+    best = _longest_fitting(tokenizer, haystack, offsets, budget, needle, depth, qtext, chat_template, length,
+                            asked, form)
+    if best is None:
+        raise HeadprobeError(f"could not fit a prompt into {length} tokens; try a larger {param('lengths')} value")
+    return best
+
+
+def _prompt_overhead(tokenizer, needle: Needle | None, qtext: str, chat_template: bool, form: str) -> int:
+    """The tokens of the prompt around the haystack: template, question, the needle (with a chat prompt's
+    response prefix) and, for a plain prompt, the answer cue."""
     empty, _, add_special = render_prompt(tokenizer, f"\n\n{qtext}", chat_template)
     if form == "plain":       # the cue ends every plain prompt, with or without a needle
         overhead = len(tokenizer(empty + ANSWER_CUE, add_special_tokens=add_special)["input_ids"])
@@ -237,10 +251,22 @@ def build_context(
         if needle is not None:
             overhead += len(tokenizer(" " + needle.needle + response_prefix(needle),
                                       add_special_tokens=False)["input_ids"]) + 1
-    budget = length - overhead
-    if budget <= 0:
-        raise HeadprobeError(f"{param('lengths', length)}: too short for the prompt around the haystack "
-                             f"({overhead} tokens)")
+    return overhead
+
+
+def _longest_fitting(tokenizer, haystack: Haystack, offsets: tuple[tuple[int, int], ...], budget: int,
+                     needle: Needle | None, depth: float, qtext: str, chat_template: bool, length: int,
+                     asked: str, form: str) -> TrialContext | None:
+    """The longest prompt of at most ``length`` tokens found in up to six cuts of the haystack at a sentence
+    start, starting with ``budget`` haystack tokens and moving the cut by what the last prompt missed
+    (``None`` if none fits).
+
+    Raises
+    ------
+    HeadprobeError
+        If the haystack is too short for a cut.
+    """
+    text = haystack.text
     best: TrialContext | None = None
     for _ in range(6):
         if budget > len(offsets):
@@ -261,8 +287,6 @@ def build_context(
         if step == 0 or (step > 0 and best is context and budget >= len(offsets)):
             break
         budget = max(1, budget + (step if step < 0 else max(1, step // 2)))
-    if best is None:
-        raise HeadprobeError(f"could not fit a prompt into {length} tokens; try a larger {param('lengths')} value")
     return best
 
 

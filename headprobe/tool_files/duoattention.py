@@ -407,38 +407,54 @@ def write_duoattention(source: Profile | BudgetMap, folder: str | Path, *, sink_
     config: dict[str, Any] = dict(prior) if isinstance(prior, dict) else {}
     config["sink_size"], config["recent_size"] = pattern_window(source, sink_size, recent_size, config)
     config.setdefault("model_name", source.model.name)
-    if exact:
-        if threshold is not None or full_share is not None or binary:
-            raise HeadprobeError(f"{param('exact', True)} writes the scores as stored; it cannot split or binarise")
-        values = raw
-    else:
-        scores = np.maximum(raw, 0.0)               # DuoAttention clips to [0, 1]: below 0 is 0
-        native = isinstance(source, Profile) and source.probe.get("source") == "duoattention"
-        if not native and not np.any(scores > 0):
-            raise HeadprobeError(f"{_what(source)} has all-zero scores: nothing to choose the full heads by "
-                                 "(allocate refuses it too); profile with more trials or other needles")
-        split = choose_split(scores, threshold, full_share, native=native)
-        if split.tie is not None:
-            score, tied, full = split.tie
-            warnings.warn(f"the split runs through {tied} KV heads of equal score {score:.4g}: {full} of them "
-                          "are full, the lower (layer, head) first", UserWarning, stacklevel=2)
-        values = split.full.astype(np.float64) if binary else ranked_pattern(scores, split.full)
-        config["threshold"] = DUO_CUT
-        config["sparsity"] = split.sparsity
-        config["headprobe"] = {
-            "split": split.rule, "value": split.value, "full_heads": int(split.full.sum()),
-            "streaming_heads": split.streaming, "values": "binary" if binary else "ranked",
-            "gap": None if binary else EXPORT_GAP, "margin": None if binary else DUO_MARGIN,
-            "sparsities": [split.sparsity] if binary else "any",
-            **({"note": binary_note(split.sparsity)} if binary else {}),
-            "source": ({"kind": "budget_map", "allocator": source.method.get("allocator"),
-                        "sources": source.method.get("sources", [])} if isinstance(source, BudgetMap)
-                       else {"kind": source.kind, "fingerprint": source.fingerprint}),
-        }
+    if exact and (threshold is not None or full_share is not None or binary):
+        raise HeadprobeError(f"{param('exact', True)} writes the scores as stored; it cannot split or binarise")
+    values = raw if exact else _split_values(source, raw, threshold, full_share, binary, config)
     for message in consumer_warnings(source.model):
         warnings.warn(message, UserWarning, stacklevel=2)
     config_text = json.dumps(config, ensure_ascii=False, allow_nan=False) + "\n"
     return write_folder_atomically(folder, {TSV_NAME: tsv_text(values), CONFIG_NAME: config_text}, overwrite=force)
+
+
+def _split_values(source: Profile | BudgetMap, raw: np.ndarray, threshold: float | None, full_share: float | None,
+                  binary: bool, config: dict[str, Any]) -> np.ndarray:
+    """The pattern's values for the split of ``raw`` (ranked, or 1 and 0 with ``binary``); ``config`` gets
+    the cut, the sparsity and the ``headprobe`` block saying how the split was made.
+
+    Raises
+    ------
+    HeadprobeError
+        All-zero scores (nothing to choose the full heads by), except in an imported DuoAttention pattern.
+
+    Warns
+    -----
+    UserWarning
+        When the split runs through equal scores (attributed to :func:`write_duoattention`'s caller).
+    """
+    scores = np.maximum(raw, 0.0)               # DuoAttention clips to [0, 1]: below 0 is 0
+    native = isinstance(source, Profile) and source.probe.get("source") == "duoattention"
+    if not native and not np.any(scores > 0):
+        raise HeadprobeError(f"{_what(source)} has all-zero scores: nothing to choose the full heads by "
+                             "(allocate refuses it too); profile with more trials or other needles")
+    split = choose_split(scores, threshold, full_share, native=native)
+    if split.tie is not None:
+        score, tied, full = split.tie
+        warnings.warn(f"the split runs through {tied} KV heads of equal score {score:.4g}: {full} of them "
+                      "are full, the lower (layer, head) first", UserWarning, stacklevel=3)
+    values = split.full.astype(np.float64) if binary else ranked_pattern(scores, split.full)
+    config["threshold"] = DUO_CUT
+    config["sparsity"] = split.sparsity
+    config["headprobe"] = {
+        "split": split.rule, "value": split.value, "full_heads": int(split.full.sum()),
+        "streaming_heads": split.streaming, "values": "binary" if binary else "ranked",
+        "gap": None if binary else EXPORT_GAP, "margin": None if binary else DUO_MARGIN,
+        "sparsities": [split.sparsity] if binary else "any",
+        **({"note": binary_note(split.sparsity)} if binary else {}),
+        "source": ({"kind": "budget_map", "allocator": source.method.get("allocator"),
+                    "sources": source.method.get("sources", [])} if isinstance(source, BudgetMap)
+                   else {"kind": source.kind, "fingerprint": source.fingerprint}),
+    }
+    return values
 
 
 def _what(source: Profile | BudgetMap) -> str:

@@ -55,6 +55,36 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
     obj = read_json(path, "score file")
     if not isinstance(obj, dict) or not obj:
         raise FileFormatError(path, None, 'expected a JSON object {"<layer>-<head>": [scores]}')
+    cells, trials = _mean_scores(path, obj)
+    stem = path.stem
+    for suffix in ("_retrieval_reasoning_heads", "_retrieval_heads"):
+        stem = stem.removesuffix(suffix)
+    ident = import_model_identity(path, stem, model)
+    layers, heads = _check_every_head(path, cells, ident)
+    check_import_shape(path, ident, layers, heads, "query")
+    if kind is None:
+        kind = "retrieval_reasoning" if "reasoning" in path.stem else "retrieval"
+    if kind not in HEAD_SCORE_KINDS:
+        raise FileFormatError(path, None, f"cannot import as kind {kind!r}")
+    if source is None:
+        source = "headkv" if path.stem.endswith(("_heads",)) else "retrieval_head"
+    q = [[cells[(layer, h)] for h in range(heads)] for layer in range(layers)]
+    n = max(trials)
+    probe: dict[str, Any] = {"kind": kind, "source": source, "path": str(path),
+                             "file_sha256": file_fingerprint(path), "trials_per_head": sorted(trials)}
+    return Profile(kind=kind, model=ident, probe=probe, trials={"total": n, "passed": n}, query_heads=q,
+                   kv_heads=reduce_groups(q, ident.group_size, "mean"), group_reduction="mean")
+
+
+def _mean_scores(path: Path, obj: dict[str, Any]) -> tuple[dict[tuple[int, int], float], set[int]]:
+    """Each ``(layer, query head)``'s mean score and the numbers of trials the lists hold.
+
+    Raises
+    ------
+    FileFormatError
+        A key not ``"<layer>-<head>"`` or beyond what any model has, a value that is not a non-empty list of
+        finite numbers.
+    """
     cells: dict[tuple[int, int], float] = {}
     trials = set()
     for key, value in obj.items():
@@ -72,10 +102,17 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
             raise FileFormatError(path, key, f"scores must be finite, found {value!r}")
         cells[(int(m.group(1)), int(m.group(2)))] = _mean(value)
         trials.add(len(value))
-    stem = path.stem
-    for suffix in ("_retrieval_reasoning_heads", "_retrieval_heads"):
-        stem = stem.removesuffix(suffix)
-    ident = import_model_identity(path, stem, model)
+    return cells, trials
+
+
+def _check_every_head(path: Path, cells: dict[tuple[int, int], float], ident: ModelIdentity) -> tuple[int, int]:
+    """The file's layers and query heads, each head of each layer present and within ``ident``.
+
+    Raises
+    ------
+    FileFormatError
+        A head beyond the model, or one missing.
+    """
     for layer, h in cells:
         if layer >= ident.num_layers or h >= ident.num_query_heads:
             raise FileFormatError(path, f"{layer}-{h}", f"beyond {ident.name}, which has {ident.num_layers} layers "
@@ -87,19 +124,7 @@ def read_headkv_json(path: str | Path, model: str | ModelIdentity | None = None,
         first = next(f"{layer}-{h}" for layer in range(layers) for h in range(heads) if (layer, h) not in cells)
         raise FileFormatError(path, first, f"missing ({absent} of {layers * heads} heads absent; "
                               "every layer-head key must be present)")
-    check_import_shape(path, ident, layers, heads, "query")
-    if kind is None:
-        kind = "retrieval_reasoning" if "reasoning" in path.stem else "retrieval"
-    if kind not in HEAD_SCORE_KINDS:
-        raise FileFormatError(path, None, f"cannot import as kind {kind!r}")
-    if source is None:
-        source = "headkv" if path.stem.endswith(("_heads",)) else "retrieval_head"
-    q = [[cells[(layer, h)] for h in range(heads)] for layer in range(layers)]
-    n = max(trials)
-    probe: dict[str, Any] = {"kind": kind, "source": source, "path": str(path),
-                             "file_sha256": file_fingerprint(path), "trials_per_head": sorted(trials)}
-    return Profile(kind=kind, model=ident, probe=probe, trials={"total": n, "passed": n}, query_heads=q,
-                   kv_heads=reduce_groups(q, ident.group_size, "mean"), group_reduction="mean")
+    return layers, heads
 
 
 def _mean(values: list[float]) -> float:
