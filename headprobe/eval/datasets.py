@@ -16,7 +16,7 @@ from ..library_bridges.press_settings import KVPRESS
 from .answer_tasks import LongBenchQA, qa_prompt_ids  # noqa: F401 (qa_prompt_ids: its earlier home)
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
-from .setting_run import run_setting
+from .setting_run import run_setting, run_settings
 from .settings import EvalSetting
 
 
@@ -128,6 +128,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
         pending = [s for s in settings if not cells.resumed(cell_id(s, max_length, None))]
         if progress and len(pending) < len(settings):
             progress(len(examples) * (len(settings) - len(pending)))
+        stop_at_line = answer_task.task_record(form).get("scored") == "first line"
         if share_prefill and sum(shares_prefill(s) for s in pending) > 1:
             cells.add(_answer_sharing_prefill(lm, examples, prompts, pending, budgets, max_length, max_new_tokens,
                                               form, progress, answer_task, spans))
@@ -136,7 +137,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                 trials = []
                 for ex, ids, span in zip(examples, prompts, spans, strict=True):
                     run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens),
-                                      question_span=span)
+                                      question_span=span, stop_at_line=stop_at_line)
                     trials.append(_trial(ex, ids, run, form, answer_task))
                     if progress:
                         progress(1)
@@ -180,14 +181,14 @@ def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[li
     import torch
 
     from ..runtime import record_prefill
-    from .runner import shares_prefill
 
     trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
+    stop_at_line = answer_task.task_record(form).get("scored") == "first line"
     for ex, ids, span in zip(examples, prompts, spans, strict=True):
         prefill = record_prefill(lm, input_ids=torch.tensor([ids]))
-        for s in settings:
-            run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens),
-                              prefill=prefill if shares_prefill(s) else None, question_span=span)
+        runs = run_settings(lm, ids, [(s, budgets[s.label]) for s in settings],
+                            answer_task.new_tokens(ex, max_new_tokens), prefill, span, stop_at_line=stop_at_line)
+        for s, run in zip(settings, runs, strict=True):
             trials[s.label].append(_trial(ex, ids, run, form, answer_task))
             if progress:
                 progress(1)

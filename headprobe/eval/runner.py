@@ -28,7 +28,7 @@ from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
 from .items import EvalItem
 from .result import EvalResult
-from .setting_run import run_setting
+from .setting_run import SettingRun, run_setting, run_settings, shares_prefill
 from .settings import MAP_ALLOCATION, EvalSetting, load_setting_map
 
 
@@ -188,17 +188,21 @@ def trial_setting(setting: EvalSetting, budget: Any, context: TrialContext) -> t
 
 
 def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetting, budget: Any,
-              max_new_tokens: int, prefill: Any = None, reference: str | None = None) -> dict[str, Any]:
-    """One generation with the setting's cache (:func:`~headprobe.eval.setting_run.run_setting`); the
-    answer, its score, bytes and time.
+              max_new_tokens: int, prefill: Any = None, reference: str | None = None,
+              run: SettingRun | None = None) -> dict[str, Any]:
+    """One trial: the answer under the setting's cache, its score, bytes and time.
 
+    ``run`` is the answer when it was generated already (:func:`run_item`, which decodes an item's settings
+    together); without it the answer is generated here (:func:`~headprobe.eval.setting_run.run_setting`).
     With ``prefill`` (a :class:`~headprobe.runtime.RecordedPrefill` of this prompt) the prompt forward is
     not run again; the time reported still includes it, as if this setting had run alone. ``reference``
     is the full cache's answer, which ``fidelity`` items are scored against; the ``full`` setting's own
     answer is that reference when none is given.
     """
-    span = context.question_span if setting.policy == KVPRESS else None
-    run = run_setting(lm, context.input_ids, setting, budget, max_new_tokens, prefill, span)
+    if run is None:
+        span = context.question_span if setting.policy == KVPRESS else None
+        run = run_setting(lm, context.input_ids, setting, budget, max_new_tokens, prefill, span,
+                          stop_at_line=stops_at_line(item))
     text = run.text
     extra: dict[str, Any] = {}
     if item.scorer == "fidelity":
@@ -217,11 +221,32 @@ def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetti
     }
 
 
-def shares_prefill(setting: EvalSetting) -> bool:
-    """Whether the setting's policy prefills with plain attention (one recorded forward serves it)."""
-    from ..runtime import POLICIES
+def stops_at_line(item: EvalItem) -> bool:
+    """Whether an answer to ``item`` can end at its first line break: its scorer reads only the first line
+    (``exact``), so nothing written after it changes the score."""
+    return item.scorer == "exact"
 
-    return setting.policy != KVPRESS and bool(POLICIES[setting.policy].full_prefill)
+
+def run_item(lm: Any, context: TrialContext, item: EvalItem, runs: list[tuple[EvalSetting, Any]],
+             max_new_tokens: int, prefill: Any = None) -> list[dict[str, Any]]:
+    """Every setting's trial on one prompt: the settings ``prefill`` serves decode together
+    (:func:`~headprobe.eval.setting_run.run_settings`), then each answer is scored (:func:`run_trial`).
+
+    ``runs``: ``(setting, budget)`` pairs as the trial runs them (:func:`trial_setting`). A ``fidelity`` item
+    is scored against the full cache's answer: the ``full`` setting's, or a reference run's when no setting
+    is the full cache. Returns one trial per pair, in order.
+    """
+    reference_run = item.scorer == "fidelity" and not any(s.policy == "full" for s, _ in runs)
+    asked = [(EvalSetting("reference", "full"), None)] * reference_run + list(runs)
+    made = run_settings(lm, context.input_ids, asked, max_new_tokens, prefill, context.question_span,
+                        stop_at_line=stops_at_line(item))
+    reference = made[0].text if reference_run else None
+    full = next((m for (s, _), m in zip(asked, made, strict=True) if s.policy == "full"), None)
+    if item.scorer == "fidelity" and reference is None and full is not None:
+        reference = full.text
+    answered = made[reference_run:]
+    return [run_trial(lm, context, item, s, budget, max_new_tokens, prefill=prefill, reference=reference, run=run)
+            for (s, budget), run in zip(runs, answered, strict=True)]
 
 
 class GridPrompts:
@@ -328,20 +353,23 @@ def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings
     for item in request.items:
         ctx = prompts(item, length, depth)
         prefill = record_prefill(lm, input_ids=torch.tensor([ctx.input_ids])) if share else None
-        reference = None
-        if item.scorer == "fidelity" and not any(s.policy == "full" for s in settings):
-            reference = run_trial(lm, ctx, item, EvalSetting("reference", "full"), None, request.max_new_tokens,
-                                  prefill=prefill)["response"]
-        for s in full_first:
-            use = prefill if prefill is not None and shares_prefill(s) else None
-            run_as, budget = trial_setting(s, budgets[s.label], ctx)
-            trial = run_trial(lm, ctx, item, run_as, budget, request.max_new_tokens, prefill=use,
-                              reference=reference)
+        runs = [trial_setting(s, budgets[s.label], ctx) for s in full_first]
+        if prefill is None:       # one setting at a time, each answer generated in its trial
+            done = []
+            reference = None
+            if item.scorer == "fidelity" and not any(s.policy == "full" for s in settings):
+                reference = run_trial(lm, ctx, item, EvalSetting("reference", "full"), None, request.max_new_tokens)[
+                    "response"]
+            for run_as, budget in runs:
+                done.append(run_trial(lm, ctx, item, run_as, budget, request.max_new_tokens, reference=reference))
+                if item.scorer == "fidelity" and reference is None:
+                    reference = done[-1]["response"]
+        else:
+            done = run_item(lm, ctx, item, runs, request.max_new_tokens, prefill)
+        for s, (run_as, _), trial in zip(full_first, runs, done, strict=True):
             if s.question_window:
                 trial["window"] = run_as.options["window"]
             trials[s.label].append(trial)
-            if item.scorer == "fidelity" and reference is None:
-                reference = trial["response"]
             if progress:
                 progress(1)
         del prefill

@@ -35,6 +35,9 @@ class SettingRun:
         Wall time of the generation, the prompt forward included (also when it was shared).
     shared_prefill
         The prompt forward was a recorded one shared with other settings.
+    batch_settings
+        Settings decoded together in one batch with this one (1: decoded alone); ``seconds`` then holds
+        this setting's share of that decode (:func:`run_settings`).
     """
 
     text: str
@@ -45,6 +48,7 @@ class SettingRun:
     seconds: float
     shared_prefill: bool = False
     press: dict[str, Any] | None = None
+    batch_settings: int = 1
 
     def measurements(self) -> dict[str, Any]:
         """The fields every trial record carries (besides the answer and its score); a kvpress setting's
@@ -52,7 +56,8 @@ class SettingRun:
         (:mod:`headprobe.library_bridges.press_settings`)."""
         return {"cache_bytes": self.cache_bytes, "used_bytes": self.used_bytes,
                 "full_cache_bytes": self.full_cache_bytes, "seconds": round(self.seconds, 4),
-                "new_tokens": self.new_tokens, "shared_prefill": self.shared_prefill, **(self.press or {})}
+                "new_tokens": self.new_tokens, "shared_prefill": self.shared_prefill,
+                "batch_settings": self.batch_settings, **(self.press or {})}
 
 
 def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: int | None) -> int:
@@ -72,8 +77,66 @@ def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: 
     return max(n, 1)
 
 
+def shares_prefill(setting: EvalSetting) -> bool:
+    """Whether the setting's policy prefills with plain attention (one recorded forward serves it)."""
+    from ..runtime import POLICIES
+
+    return setting.policy != KVPRESS and bool(POLICIES[setting.policy].full_prefill)
+
+
+def run_settings(lm: Any, input_ids: list[int], runs: list[tuple[EvalSetting, Any]], max_new_tokens: int,
+                 prefill: Any = None, question_span: tuple[int, int] | None = None,
+                 stop_at_line: bool = False) -> list[SettingRun]:
+    """Answer one prompt under every setting: with a recorded prefill, the settings it serves decode together
+    (:func:`~headprobe.runtime.settings_batch.generate_settings`: one forward per step for every setting
+    whose cache decodes alike), the others one at a time (:func:`run_setting`).
+
+    Parameters
+    ----------
+    runs
+        ``(setting, resolved budget)`` pairs.
+    prefill
+        A :class:`~headprobe.runtime.RecordedPrefill` of ``input_ids``, or ``None`` (every setting alone).
+    stop_at_line
+        End each answer at its first line break (the task scores only the first line).
+
+    Returns
+    -------
+    list of SettingRun
+        In the order of ``runs``; each answer, its bytes and new tokens are those of the setting run alone.
+        A batched setting's ``seconds`` is the prompt forward, its cache's compression and its share of the
+        batch's decode.
+    """
+    from ..runtime import CacheSetting, generate_settings
+
+    out: list[SettingRun | None] = [None] * len(runs)
+    together = [i for i, (s, _) in enumerate(runs) if prefill is not None and shares_prefill(s)]
+    if together:
+        caches = [CacheSetting(runs[i][0].policy, budget=runs[i][1], policy_options=runs[i][0].options or None)
+                  for i in together]
+        made = generate_settings(lm, prefill, caches, max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
+        for i, gen in zip(together, made, strict=True):
+            out[i] = _measured(lm, gen.result, gen.seconds + prefill.seconds, True, gen.batch_settings)
+    for i, (setting, budget) in enumerate(runs):
+        if out[i] is None:
+            out[i] = run_setting(lm, input_ids, setting, budget, max_new_tokens, question_span=question_span,
+                                 stop_at_line=stop_at_line)
+    return out
+
+
+def _measured(lm: Any, res: Any, seconds: float, shared_prefill: bool, batch_settings: int = 1) -> SettingRun:
+    """The :class:`SettingRun` of a generation result (its first row)."""
+    tok = lm.tokenizer
+    return SettingRun(text=res.texts[0],
+                      new_tokens=count_new_tokens(res.new_tokens[0].tolist(), tok.eos_token_id, tok.pad_token_id),
+                      cache_bytes=int(res.cache.memory_bytes()), used_bytes=int(res.cache.used_bytes()),
+                      full_cache_bytes=int(res.cache.full_cache_bytes()), seconds=seconds,
+                      shared_prefill=shared_prefill, batch_settings=batch_settings)
+
+
 def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any, max_new_tokens: int,
-                prefill: Any = None, question_span: tuple[int, int] | None = None) -> SettingRun:
+                prefill: Any = None, question_span: tuple[int, int] | None = None,
+                stop_at_line: bool = False) -> SettingRun:
     """Generate an answer to one prompt under ``setting`` with its compressed cache, greedily, and measure it.
 
     Parameters
@@ -90,6 +153,8 @@ def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any
     question_span
         For a kvpress setting (``kvpress:PRESS``): ``(start, end)`` token positions of the prompt's question;
         the tokens before it are the context kvpress compresses (:func:`run_kvpress_setting`).
+    stop_at_line
+        End the answer at its first line break (not for kvpress's pipeline, which runs its own loop).
     """
     from ..runtime import generate_compressed, generate_from_prefill
 
@@ -99,18 +164,13 @@ def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any
     start = time.perf_counter()
     if prefill is None:
         res = generate_compressed(lm, input_ids=torch.tensor([input_ids]), policy=setting.policy, budget=budget,
-                                  policy_options=options, max_new_tokens=max_new_tokens)
+                                  policy_options=options, max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
         seconds = time.perf_counter() - start
     else:
         res = generate_from_prefill(lm, prefill, policy=setting.policy, budget=budget, policy_options=options,
-                                    max_new_tokens=max_new_tokens)
+                                    max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
         seconds = time.perf_counter() - start + prefill.seconds
-    tok = lm.tokenizer
-    return SettingRun(text=res.texts[0],
-                      new_tokens=count_new_tokens(res.new_tokens[0].tolist(), tok.eos_token_id, tok.pad_token_id),
-                      cache_bytes=int(res.cache.memory_bytes()), used_bytes=int(res.cache.used_bytes()),
-                      full_cache_bytes=int(res.cache.full_cache_bytes()), seconds=seconds,
-                      shared_prefill=prefill is not None)
+    return _measured(lm, res, seconds, prefill is not None)
 
 
 def run_kvpress_setting(lm: Any, input_ids: list[int], setting: EvalSetting, max_new_tokens: int,

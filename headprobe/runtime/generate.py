@@ -6,14 +6,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from transformers import StoppingCriteriaList
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..layer_split import LayerSplit
 from ..limits import check_count
 from ..models.cache_argument import with_cache
-from ..models.loading import transformers_model
+from ..models.loading import generation_eos_ids, transformers_model
 from ..models.placement import input_device
+from .answer_stop import AnswerStop
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
 from .cache_attention import headprobe_attention
@@ -125,7 +127,7 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
                         policy: str | Policy = DEFAULT_POLICY, budget: BudgetSource | BudgetMap | str | int | None = None,
                         ratio: float | None = None, capacity: int | None = None, max_new_tokens: int = 64,
                         policy_options: dict[str, Any] | None = None, chat: bool = False,
-                        **generate_kwargs: Any) -> GenerationResult:
+                        stop_at_line: bool = False, **generate_kwargs: Any) -> GenerationResult:
     """Generate with a compressed per-KV-head cache.
 
     Parameters
@@ -142,6 +144,9 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
         ratio of each prompt.
     chat
         Wrap each prompt in the tokenizer's chat template.
+    stop_at_line
+        End a row at its answer's first line break, besides end-of-sequence
+        (:class:`~headprobe.runtime.answer_stop.AnswerStop`).
     generate_kwargs
         Passed to ``model.generate`` (greedy by default).
 
@@ -155,6 +160,9 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     kwargs = {"do_sample": False, "max_new_tokens": max_new_tokens, **generate_kwargs}
     if tokenizer is not None and tokenizer.pad_token_id is not None:
         kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
+    if stop_at_line:
+        stop = AnswerStop(tokenizer, input_ids.shape[1], generation_eos_ids(hf_model, tokenizer), first_line=True)
+        kwargs["stopping_criteria"] = StoppingCriteriaList([stop, *(kwargs.get("stopping_criteria") or [])])
     with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
         cache = new_cache(model, policy, budget, ratio, capacity, policy_options, max_new_tokens, attention_mask)
         out = hf_model.generate(input_ids=input_ids, attention_mask=attention_mask,

@@ -43,8 +43,9 @@ def install(monkeypatch=None) -> dict:
     original = runner.run_trial
     counter = {"trials": 0}
 
-    def scored(lm, context, item, setting, budget, max_new_tokens, prefill=None, reference=None):
-        trial = original(lm, context, item, setting, budget, max_new_tokens, prefill=prefill, reference=reference)
+    def scored(lm, context, item, setting, budget, max_new_tokens, prefill=None, reference=None, **kwargs):
+        trial = original(lm, context, item, setting, budget, max_new_tokens, prefill=prefill, reference=reference,
+                         **kwargs)
         counter["trials"] += 1
         trial["score"] = round(min(1.0, max(0.0, true_mean(setting) + jitter(setting.label, item.id,
                                                                               context.target_length,
