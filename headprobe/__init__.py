@@ -184,6 +184,8 @@ _API: dict[str, dict[str, str]] = {
         "run_tune": "tune.runner",
         "SearchSpace": "tune.space",
         "count_candidates": "tune.space",
+        "TrialPlan": "tune.plan",
+        "plan_trials": "tune.plan",
         "split_items": "tune.split",
         "HalvingRule": "tune.halving",
         "MemoryTarget": "tune.memory",

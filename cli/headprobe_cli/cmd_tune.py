@@ -201,7 +201,8 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     if ranks.is_main:
         print(f"tune: {len(split.calibration)} calibration items ({', '.join(split.calibration)}), "
               f"{len(split.holdout)} held out ({', '.join(split.holdout)}); capacities {capacities}; "
-              f"{n_sel} selections, up to {n_alloc} allocation-stage candidates per capacity")
+              f"{n_sel} selections, up to {n_alloc} allocation-stage candidates per capacity; "
+              f"{headprobe.plan_trials(request, n_sel, n_alloc).describe()}")
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)           # --prompt-format chat without a template: refused here
 

@@ -35,6 +35,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "POLICY_SEARCH": "space",
     "SearchSpace": "space",
     "count_candidates": "space",
+    "TrialPlan": "plan",
+    "plan_trials": "plan",
     "parse_values": "space",
     "Split": "split",
     "split_items": "split",

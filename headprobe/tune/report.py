@@ -273,11 +273,24 @@ def build_report(outcome: TuneOutcome, lm: Any, files: dict[str, str], strings: 
         "max_new_tokens": req.max_new_tokens, "split": req.split.to_json(), "rule": req.rule.to_json(),
         "space": req.space.to_json(), "memory": req.memory, "capacities": capacities,
         "cost": {"search_trials": sum(r.trials for r in search), "holdout_trials": sum(r.trials for r in held),
-                 "trials": sum(r.trials for r in outcome.runs), "runs": [r.to_json() for r in outcome.runs],
+                 "trials": sum(r.trials for r in outcome.runs), "stages": _stage_cost(outcome),
+                 "runs": [r.to_json() for r in outcome.runs],
                  "wall_s": round(outcome.wall_s, 2), "cpu_s": round(outcome.cpu_s, 2), "resumed": resumed,
                  "note": "wall_s and cpu_s are this process's (rank 0's); a resumed run counts only what it ran"},
         "files": files,
     }
+
+
+def _stage_cost(outcome: TuneOutcome) -> dict[str, dict[str, Any]]:
+    """Per stage (selection, allocation, holdout): the trials this process ran and the plan's bound."""
+    bound = outcome.plan.to_json() if outcome.plan is not None else {}
+    spent: dict[str, dict[str, Any]] = {}
+    for r in outcome.runs:
+        stage = r.stage.split("-r")[0]
+        entry = spent.setdefault(stage, {"trials": 0, "wall_s": 0.0, "at_most": bound.get(stage)})
+        entry["trials"] += r.trials
+        entry["wall_s"] = round(entry["wall_s"] + r.wall_s, 2)
+    return spent
 
 
 def write_outputs(lm: Any, outcome: TuneOutcome, out: str | Path, figure: str | Path | None = None,
@@ -346,6 +359,9 @@ def format_report(report: dict[str, Any]) -> str:
     cost = report["cost"]
     lines.append(f"trials: {cost['search_trials']} searching, {cost['holdout_trials']} held out; "
                  f"{cost['wall_s']:.0f} s wall, {cost['cpu_s']:.0f} s CPU")
+    for stage, entry in cost.get("stages", {}).items():
+        bound = f" of at most {entry['at_most']}" if entry.get("at_most") is not None else ""
+        lines.append(f"  {stage}: {entry['trials']} trials{bound}, {entry['wall_s']:.0f} s")
     return "\n".join(lines)
 
 

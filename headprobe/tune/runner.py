@@ -35,12 +35,14 @@ from ..eval.presets import PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, expand_settings
 from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
 from .halving import HalvingRule, Standing, rank_rung, rung_items
+from .plan import TrialPlan, plan_trials
 from .space import (
     UNIFORM,
     SearchSpace,
     allocations,
     candidate,
     canonical,
+    count_candidates,
     dedupe,
     preset_seeds,
     selection_of,
@@ -297,6 +299,34 @@ class TuneRuns:
         self.resume, self.force, self.progress = resume, force, progress
         self.store = TrialStore()
         self.records: list[RunRecord] = []
+        self.plan: TrialPlan | None = None
+        self._total: Callable[[int], None] | None = None
+        self._counted = 0
+
+    def start_total(self, plan: TrialPlan) -> None:
+        """One progress bar over every stage, at most ``plan.total`` trials (its ETA is the whole tune's)."""
+        self.plan = plan
+        if self.progress and self.ranks.is_main:
+            self._total = self.progress(f"tune, all stages (at most {plan.total} trials)", plan.total)
+
+    def finish_total(self) -> None:
+        """Close the all-stages bar (the races may have spent fewer trials than the plan's bound)."""
+        if self._total is not None and self.plan is not None and self._counted < self.plan.total:
+            self._total(self.plan.total - self._counted)
+        self._total = None
+
+    def _advance_both(self, advance: Callable[[int], None] | None) -> Callable[[int], None] | None:
+        if self._total is None:
+            return advance
+
+        def both(n: int) -> None:
+            if advance is not None:
+                advance(n)
+            n = min(n, self.plan.total - self._counted)
+            if n > 0:
+                self._counted += n
+                self._total(n)
+        return both
 
     def run(self, name: str, stage: str, settings: list[EvalSetting], ids: Sequence[str]) -> list[dict[str, Any]]:
         """Run ``settings`` on the items ``ids`` as one eval run ``<runs>/<name>.json``; every rank gets the
@@ -310,8 +340,8 @@ class TuneRuns:
         path = self.folder / f"{name}.json"
         items = task.subset(ids)
         total = len(items) * len(settings) * len(task.lengths) * len(task.depths)
-        advance = self.progress(f"{stage} ({len(settings)} settings, {len(items)} items)", total) \
-            if self.progress and self.ranks.is_main else None
+        advance = self._advance_both(self.progress(f"{stage} ({len(settings)} settings, {len(items)} items)", total)
+                                     if self.progress and self.ranks.is_main else None)
         wall, cpu = time.perf_counter(), time.process_time()
         if task.examples is not None:
             result = run_dataset_eval_on_ranks(self.lm, items, settings, path, self.ranks, task.lengths[0],
@@ -477,6 +507,8 @@ class TuneOutcome:
     held_as
         Capacity → the label the chosen setting ran under on the held-out items (a preset's when the chosen
         setting runs the same as a preset).
+    plan
+        The most trials each stage could spend (:mod:`headprobe.tune.plan`).
     """
 
     request: TuneRequest
@@ -491,6 +523,7 @@ class TuneOutcome:
     wall_s: float = 0.0
     cpu_s: float = 0.0
     held_as: dict[int, str] = field(default_factory=dict)
+    plan: TrialPlan | None = None
 
 
 def found_profiles(identity: Any, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
@@ -571,6 +604,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
             raise HeadprobeError(f"capacity {cap}: no selection of the space can run ("
                                  + "; ".join(f"{k}: {v}" for k, v in list(race.skipped.items())[:2]) + ")")
         stage1.append(race)
+    runs.start_total(plan_trials(request, max(len(r.candidates) for r in stage1), count_candidates(space, profiles)[1]))
     _run_races(runs, "selection", stage1, calibration, rule)
 
     stage2 = []
@@ -602,8 +636,9 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     same = {canonical(s): s.label for s in holdout}
     held_as = {cap: same[canonical(c)] for cap, c in chosen.items()}     # a preset's label when it is one
     _ensure(runs, "holdout", holdout, held)
+    runs.finish_total()
     return TuneOutcome(request, stage1, stage2, chosen, holdout, holdout_skipped, windows, runs.records, runs.store,
-                       time.perf_counter() - wall, time.process_time() - cpu, held_as)
+                       time.perf_counter() - wall, time.process_time() - cpu, held_as, runs.plan)
 
 
 __all__ = ("QUESTION_WINDOW", "Race", "TrialStore", "TuneOutcome", "TuneRequest", "TuneRuns", "TuneTask",

@@ -129,6 +129,18 @@ def test_every_candidate_s_trials_and_bytes_are_booked_exactly(tuned):
         assert best["verdict"] == "chosen better"                # 0.9 against at most 0.6, on 8 trials
 
 
+def test_no_stage_spends_more_than_its_planned_bound(tuned):
+    outcome, report, _out, _ = tuned
+    stages = report["cost"]["stages"]
+    assert set(stages) == {"selection", "allocation", "holdout"}
+    assert sum(s["trials"] for s in stages.values()) == report["cost"]["trials"]
+    for name, stage in stages.items():
+        assert stage["trials"] <= stage["at_most"] == getattr(outcome.plan, name)
+    per_item = len(LENGTHS) * len(DEPTHS)
+    held = 1 + 2 * (len(outcome.request.presets) + 1)            # the full cache, presets and chosen, 2 capacities
+    assert outcome.plan.holdout == held * 2 * per_item           # r04 and r05 held out
+
+
 def test_presets_that_cannot_run_are_left_out_with_their_reason(tuned):
     outcome, _report, _, _ = tuned
     assert "snapkv@16" in outcome.holdout_skipped                 # a 32-token window in 16 tokens

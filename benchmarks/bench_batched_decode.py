@@ -1,0 +1,82 @@
+"""Decode speed of N settings of one prompt: batched (one forward per step for all) against one at a time.
+
+Usage::
+
+    python benchmarks/bench_batched_decode.py [--model smollm2-135m] [--tokens 2000] [--settings 1 6 28 64]
+        [--new 32] [--repeats 2]
+
+One recorded prefill of a ~``--tokens`` haystack prompt (``record_prefill``); then, for each N, the N
+settings (SnapKV at N capacities spread between 64 and the prompt, append-only, so they share one batch)
+are decoded ``--new`` tokens each by :func:`headprobe.runtime.generate_settings` with ``batched=False``
+(each setting's own ``generate``, as before) and ``batched=True`` (the settings as the rows of one stacked
+cache), alternately A B A B. Tokens per second count the tokens the settings generated after the first
+(which comes from the prefill), up to their end of sequence; a batch runs until its last row ends. Prints
+tokens per second of each way, the ratio per pair, and checks that both ways give the same tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import statistics
+import time
+
+import torch
+
+import headprobe
+from headprobe.runtime import CacheSetting, generate_settings, record_prefill
+
+
+def haystack_ids(lm, tokens: int) -> torch.Tensor:
+    """A ~``tokens`` prompt from the shipped haystack with a question at the end."""
+    text = headprobe.load_haystack().text
+    ids = lm.tokenizer(text[: tokens * 8], add_special_tokens=False)["input_ids"][: tokens - 16]
+    tail = lm.tokenizer("\n\nQuestion: What is the text about? Answer:", add_special_tokens=False)["input_ids"]
+    return torch.tensor([ids + tail])
+
+
+def settings_for(n: int, prompt: int) -> list[CacheSetting]:
+    caps = [64 + round(i * (prompt - 64) / max(n, 1)) for i in range(n)]
+    return [CacheSetting("snapkv", capacity=c) for c in caps]
+
+
+def timed(lm, rec, settings, new: int, batched: bool) -> tuple[float, list[list[int]]]:
+    start = time.perf_counter()
+    out = generate_settings(lm, rec, settings, max_new_tokens=new, batched=batched)
+    seconds = time.perf_counter() - start
+    pad = lm.tokenizer.pad_token_id
+    return seconds, [[t for t in g.result.new_tokens[0].tolist() if t != pad] for g in out]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--tokens", type=int, default=2000)
+    ap.add_argument("--settings", nargs="+", type=int, default=[1, 6, 28, 64])
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--repeats", type=int, default=2)
+    args = ap.parse_args()
+    lm = headprobe.load_model(args.model)
+    ids = haystack_ids(lm, args.tokens)
+    rec = record_prefill(lm, input_ids=ids)
+    print(f"# {args.model}, prompt {ids.shape[1]} tokens, at most {args.new} new tokens a setting, torch "
+          f"{torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}")
+    print("| settings | one at a time tok/s | batched tok/s | ratio (median of pairs) | same tokens |")
+    print("|---:|---:|---:|---:|---|")
+    for n in args.settings:
+        settings = settings_for(n, ids.shape[1])
+        alone_s, batch_s, same = [], [], True
+        for _ in range(args.repeats):
+            a, alone_tokens = timed(lm, rec, settings, args.new, batched=False)
+            b, batch_tokens = timed(lm, rec, settings, args.new, batched=True)
+            alone_s.append(a)
+            batch_s.append(b)
+            same &= alone_tokens == batch_tokens
+        tokens = sum(max(len(t) - 1, 0) for t in batch_tokens)     # the first token comes from the prefill
+        ratio = statistics.median(a / b for a, b in zip(alone_s, batch_s))
+        print(f"| {n} | {tokens / statistics.median(alone_s):.1f} | {tokens / statistics.median(batch_s):.1f} | "
+              f"{ratio:.2f}x | {'yes' if same else 'NO'} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
