@@ -11,7 +11,10 @@ from __future__ import annotations
 import contextlib
 import contextvars
 from collections.abc import Callable, Iterator
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def register_attention(name: str, forward: Callable, sdpa_masks: bool = True) -> None:
@@ -36,7 +39,7 @@ def register_attention(name: str, forward: Callable, sdpa_masks: bool = True) ->
 
 
 @contextlib.contextmanager
-def attention_switched(model: Any, name: str) -> Iterator[Any]:
+def attention_switched(model: PreTrainedModel, name: str) -> Iterator[Any]:
     """Switch ``model`` to the registered implementation ``name`` for the block, then restore the previous one."""
     previous = model.config._attn_implementation
     model.set_attn_implementation(name)
@@ -82,7 +85,7 @@ class AttentionSwitch:
         cls.sdpa_masks = sdpa_masks
         cls._active = contextvars.ContextVar(implementation, default=None)
 
-    def __init__(self, model: Any) -> None:
+    def __init__(self, model: PreTrainedModel) -> None:
         self.model = model
         self._exit_stack: contextlib.ExitStack | None = None
 

@@ -19,7 +19,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, param
 from ..files.jsonio import fingerprint
@@ -27,6 +27,9 @@ from ..paths import cache_dir
 from .identity import ModelIdentity, identity_from_config
 from .placement import input_device, placement_kwargs
 from .registry import MODELS, ModelSpec, close_matches
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: The ``dtype`` values :func:`load_model` takes.
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -49,7 +52,7 @@ class LoadedModel:
         The identity block recorded in every file made with this model.
     """
 
-    model: Any
+    model: PreTrainedModel
     tokenizer: Any
     identity: ModelIdentity
 
@@ -60,12 +63,12 @@ class LoadedModel:
         return input_device(self.model)
 
 
-def transformers_model(model: Any) -> Any:
+def transformers_model(model: LoadedModel | PreTrainedModel) -> PreTrainedModel:
     """The transformers model inside a :class:`LoadedModel`, or ``model`` itself when it is one already."""
     return getattr(model, "model", model) if hasattr(model, "identity") else model
 
 
-def generation_eos_ids(hf_model: Any, tokenizer: Any = None) -> set[int]:
+def generation_eos_ids(hf_model: PreTrainedModel, tokenizer: Any = None) -> set[int]:
     """The end-of-sequence ids ``generate`` stops at: the generation config's, else the tokenizer's."""
     config = getattr(hf_model, "generation_config", None)
     eos = getattr(config, "eos_token_id", None) if config is not None else None
@@ -225,7 +228,7 @@ def _from_pretrained_kwargs(torch_dtype: Any, attn_implementation: str, placemen
 
 
 def _read_model(auto_class: Any, resolved: ResolvedModel, model: str, path: str, kwargs: dict[str, Any],
-                trust_remote_code: bool, cache_only: bool) -> tuple[Any, Any]:
+                trust_remote_code: bool, cache_only: bool) -> tuple[PreTrainedModel, Any]:
     """The transformers model (``auto_class.from_pretrained``) and its tokenizer.
 
     Raises
@@ -255,7 +258,7 @@ def _read_model(auto_class: Any, resolved: ResolvedModel, model: str, path: str,
     return hf_model, tokenizer
 
 
-def _ready_model(hf_model: Any, tokenizer: Any, resolved: ResolvedModel, model: str) -> LoadedModel:
+def _ready_model(hf_model: PreTrainedModel, tokenizer: Any, resolved: ResolvedModel, model: str) -> LoadedModel:
     """The model in eval mode with its fast tokenizer (a pad token set: the end-of-sequence token when it has
     none) and its identity."""
     hf_model.eval()

@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, param
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 #: The places a ``max_memory`` key or a ``device_map`` value may name besides a GPU index.
 HOST_PLACES = ("cpu", "disk")
@@ -137,7 +140,7 @@ def _as_device(value: Any) -> Any:
     return torch.device(value)
 
 
-def input_device(model: Any) -> Any:
+def input_device(model: PreTrainedModel) -> Any:
     """The device a model's input ids go to: its input embedding's execution device.
 
     A model spread by accelerate has parameters on several devices, and those of layers kept on disk (or

@@ -7,9 +7,14 @@ threshold and the choice of gate per model.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, param
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..models.loading import LoadedModel
 
 #: A trial counts when its gate value is above this (both published gates).
 GATE_THRESHOLD = 0.5
@@ -71,7 +76,7 @@ def check_gate(gate: str) -> str:
     return gate
 
 
-def choose_gate(gate: str, model: Any) -> GateChoice:
+def choose_gate(gate: str, model: LoadedModel | PreTrainedModel) -> GateChoice:
     """The gate a retrieval-reasoning pass uses on ``model``.
 
     Parameters
