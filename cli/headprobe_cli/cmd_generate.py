@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 import headprobe
 from headprobe import HeadprobeError, frontend
@@ -16,6 +17,9 @@ from .common_args import (
     load_model,
     resolve_prompt_format,
 )
+
+if TYPE_CHECKING:
+    from headprobe.models.loading import LoadedModel
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
 FLAGS = {"chat_template=False": "--no-chat", "spec": "--setting", "specs": "--setting"}
@@ -70,7 +74,7 @@ def _prompt(args: argparse.Namespace) -> str:
     return args.prompt
 
 
-def prompt_token_count(lm, prompt: str, chat: bool) -> int:
+def prompt_token_count(lm: LoadedModel, prompt: str, chat: bool) -> int:
     """Tokens of ``prompt`` as ``generate_compressed`` feeds it (in the chat template with ``chat``)."""
     tokenizer = lm.tokenizer
     if chat:
@@ -79,7 +83,7 @@ def prompt_token_count(lm, prompt: str, chat: bool) -> int:
     return len(tokenizer(prompt, add_special_tokens=not chat)["input_ids"])
 
 
-def check_prompt_fits(lm, prompt: str, chat: bool, args: argparse.Namespace) -> None:
+def check_prompt_fits(lm: LoadedModel, prompt: str, chat: bool, args: argparse.Namespace) -> None:
     """Refuse a prompt that, with the tokens to generate, runs past the model's context (as ``profile``
     refuses lengths beyond it): the positions past it were never trained and the answer means nothing.
     ``chat``: whether the prompt is wrapped in the chat template (the resolved ``--prompt-format``)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import headprobe
 from headprobe import frontend
@@ -24,6 +25,9 @@ from .common_args import (
 )
 from .profile_summary import summary_lines
 from .progress import tqdm_progress
+
+if TYPE_CHECKING:
+    from headprobe.models.loading import LoadedModel
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
 FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option",
@@ -258,13 +262,13 @@ def _profile(args, ranks, out_dir: Path) -> int:
     request = _request(args, out_dir)
     # Everything that can be checked without the model, and what would be replaced, is settled before it loads.
     plan = headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
-    loaded = load_model(args, ranks)
-    resolve_prompt_format(args, loaded.tokenizer)
-    run = plan.resolve(loaded, version=headprobe.__version__)
+    lm = load_model(args, ranks)
+    resolve_prompt_format(args, lm.tokenizer)
+    run = plan.resolve(lm, version=headprobe.__version__)
     if ranks.is_main:
-        _describe(args, run, loaded, ranks, out_dir)
+        _describe(args, run, lm, ranks, out_dir)
     started = time.perf_counter()
-    result = headprobe.run_profile_on_ranks(loaded, run, ranks, progress=rank_progress(ranks, tqdm_progress))
+    result = headprobe.run_profile_on_ranks(lm, run, ranks, progress=rank_progress(ranks, tqdm_progress))
     elapsed = time.perf_counter() - started
     if not ranks.is_main:
         rank_note(ranks, f"{result.trials_run} trials run, {result.trials_skipped} resumed, {elapsed:.0f} s; "
@@ -298,9 +302,9 @@ def _profile(args, ranks, out_dir: Path) -> int:
     return 0
 
 
-def _describe(args, run, loaded, ranks, out_dir: Path) -> None:
+def _describe(args, run, lm: LoadedModel, ranks, out_dir: Path) -> None:
     """The run's first lines: model, device, mode, grid, where it writes, and each pass's gate when chosen."""
-    where = f"{loaded.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
+    where = f"{lm.device}" + (f", {ranks.world_size} ranks ({ranks.backend})" if ranks.distributed else "")
     request = run.request
     mode = (f"reuse mode, recompute share {100 * request.recompute_share:g}%" if request.mode == "reuse"
             else f"{request.mode} mode")
@@ -315,7 +319,7 @@ def _describe(args, run, loaded, ranks, out_dir: Path) -> None:
     else:
         what = (f"{grid.description}; lengths {', '.join(map(str, grid.lengths))}; "
                 f"depths {', '.join(f'{d * 100:g}%' for d in grid.depths)}")
-    print(f"profiling {loaded.identity.name} on {where} ({mode}): {what}; writing to {out_dir}", file=sys.stderr)
+    print(f"profiling {lm.identity.name} on {where} ({mode}): {what}; writing to {out_dir}", file=sys.stderr)
     if contexts:
         print(f"contexts {contexts[0].describe()}", file=sys.stderr)
     for pass_run in run.passes:

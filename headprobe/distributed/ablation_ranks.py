@@ -10,13 +10,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..eval.ablation import ablation_result, plan_ablation, run_ablation, run_masked
 from .ranks import Ranks
 
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
-def run_ablation_on_ranks(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int],
+
+def run_ablation_on_ranks(lm: LoadedModel, profile: Any, ks: list[int], items: list, lengths: list[int],
                           depths: list[float], haystack: Any, ranks: Ranks, seed: int = 0, max_new_tokens: int = 24,
                           chat_template: bool = True, progress: Callable[[int], None] | None = None,
                           log_path: str | Path | None = None, resume: bool = False,

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError
 from ..eval.cell_log import cell_id, cell_record
@@ -24,8 +24,11 @@ from ..eval.runner import EvalRequest, run_eval
 from ..eval.settings import EvalSetting
 from .ranks import Ranks
 
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
-def run_eval_on_ranks(lm: Any, request: EvalRequest, out: str | Path, ranks: Ranks, resume: bool = False,
+
+def run_eval_on_ranks(lm: LoadedModel, request: EvalRequest, out: str | Path, ranks: Ranks, resume: bool = False,
                       force: bool = False, progress: Callable[[int], None] | None = None,
                       figures: Sequence[str | Path] = ()) -> EvalResult:
     """:func:`~headprobe.eval.runner.run_eval` with the grid's cell groups split over ``ranks``.
@@ -50,7 +53,7 @@ def run_eval_on_ranks(lm: Any, request: EvalRequest, out: str | Path, ranks: Ran
     return merged
 
 
-def run_dataset_eval_on_ranks(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
+def run_dataset_eval_on_ranks(lm: LoadedModel, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
                               ranks: Ranks, max_length: int = 4000, max_new_tokens: int = 32,
                               dataset_name: str = "<dataset>", chat_template: bool = True, resume: bool = False,
                               force: bool = False, progress: Callable[[int], None] | None = None,

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError
 from ..files.trial_log import read_log, settings_diff
@@ -22,6 +22,9 @@ from ..probes.plan import ProfilePlan, ResolvedProfile, check_profile_run
 from ..probes.request import ProfileRequest
 from ..probes.run import ProfileResult, ProgressFactory, resolve_profile, run_profile, write_log_profiles
 from .ranks import Ranks
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 def check_profile_run_on_ranks(request: ProfileRequest, model_name: str, ranks: Ranks) -> ProfilePlan:
@@ -34,8 +37,9 @@ def check_profile_run_on_ranks(request: ProfileRequest, model_name: str, ranks: 
     return check_profile_run(mine, model_name, profiles_of=request if ranks.is_main else None)
 
 
-def run_profile_on_ranks(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedProfile, ranks: Ranks,
-                         progress: ProgressFactory | None = None, version: str = "") -> ProfileResult:
+def run_profile_on_ranks(lm: LoadedModel, request: ProfileRequest | ProfilePlan | ResolvedProfile,
+                         ranks: Ranks, progress: ProgressFactory | None = None,
+                         version: str = "") -> ProfileResult:
     """:func:`~headprobe.probes.run.run_profile` with the grid split over ``ranks``; rank 0 writes the profiles.
 
     With one rank this is ``run_profile``. ``request`` is a request (checked here for this rank) or this
@@ -56,15 +60,15 @@ def run_profile_on_ranks(loaded: Any, request: ProfileRequest | ProfilePlan | Re
         or logs whose settings differ between ranks.
     """
     if not ranks.distributed:
-        return run_profile(loaded, request, progress, version)
+        return run_profile(lm, request, progress, version)
     if isinstance(request, ProfileRequest):
-        request = check_profile_run_on_ranks(request, loaded.identity.name, ranks)
-    resolved = resolve_profile(loaded, request, version)
+        request = check_profile_run_on_ranks(request, lm.identity.name, ranks)
+    resolved = resolve_profile(lm, request, version)
     plan = resolved.plan
     if plan.request.shard != ranks.shard:
         raise HeadprobeError(f"rank {ranks.rank}: the run was checked for shard {plan.request.shard}, not "
                              f"{ranks.shard} (check it with check_profile_run_on_ranks)")
-    result = run_profile(loaded, resolved, progress if ranks.is_main else None)
+    result = run_profile(lm, resolved, progress if ranks.is_main else None)
     parts = []
     for run in resolved.passes:          # a pass of which this rank was dealt nothing has no log
         logged = run.plan.log in result.logs

@@ -322,10 +322,10 @@ def open_dataset(source: Any, split: str | None = None, what: str = "source") ->
         raise HeadprobeError(f"{param('split', split)}: chooses a split of a dataset folder or hub dataset; {where} "
                              "is one file, read whole")
     try:
-        loaded = _load(datasets, path, name, kind, split)
+        data = _load(datasets, path, name, kind, split)
     except (OSError, ValueError, KeyError, StopIteration, datasets.exceptions.DatasetsError) as exc:
         raise HeadprobeError(f"{where}: {_load_failure(exc, datasets)}") from None
-    return _one_split(loaded, split, where), name
+    return _one_split(data, split, where), name
 
 
 def _load_failure(exc: BaseException, datasets: Any) -> str:
@@ -418,16 +418,16 @@ def _load(datasets: Any, path: Path, name: str, kind: str | None, split: str | N
     return datasets.load_dataset(name, split=split)
 
 
-def _one_split(loaded: Any, split: str | None, where: str) -> Any:
+def _one_split(data: Any, split: str | None, where: str) -> Any:
     """The split rule: a dataset is its own split; of several, ``split`` or the only one."""
-    if not isinstance(loaded, dict):            # a DatasetDict is a dict of splits
-        return loaded
-    names = list(loaded.keys())
+    if not isinstance(data, dict):              # a DatasetDict is a dict of splits
+        return data
+    names = list(data.keys())
     if split is not None:
         if split not in names:
             raise HeadprobeError(f"{where}: no split {split!r} (splits: {', '.join(names) or 'none'})")
-        return loaded[split]
+        return data[split]
     if len(names) == 1:
-        return loaded[names[0]]
+        return data[names[0]]
     raise HeadprobeError(f"{where}: holds {len(names)} splits ({', '.join(names) or 'none'}); pick one with "
                          f"{param('split', 'NAME')}")

@@ -45,7 +45,10 @@ from .trial_grid import shard_samples
 from .trial_record import trial_gates
 
 if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
     from ..files.trial_log import TrialLog
+    from ..models.loading import LoadedModel
     from .fast_mode import FastBatch, VariantResult
     from .inputs import RunInputs
     from .pass_steps import PassPlan, PassRun, RunContext
@@ -85,11 +88,12 @@ class ContextInput:
     prompts: dict[str, DocumentPrompt] = field(default_factory=dict, compare=False, hash=False)
 
 
-def example_prompt(loaded: Any, data: ContextInput, example: ContextExample, chat_template: bool) -> DocumentPrompt:
+def example_prompt(lm: LoadedModel, data: ContextInput, example: ContextExample,
+                   chat_template: bool) -> DocumentPrompt:
     """``example``'s prompt on the loaded model's tokenizer (rendered once per run)."""
     prompt = data.prompts.get(example.id)
     if prompt is None:
-        prompt = document_prompt(loaded.tokenizer, example, chat_template)
+        prompt = document_prompt(lm.tokenizer, example, chat_template)
         data.prompts[example.id] = prompt
     return prompt
 
@@ -116,12 +120,12 @@ class ContextPass(PassSteps):
 
     # ---- on the model ------------------------------------------------------------------------------
 
-    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:
+    def settings(self, lm: LoadedModel, plan: PassPlan, context: RunContext) -> dict[str, Any]:
         """Every example's prompt checked against the model's context; the log's settings."""
         request, data = context.request, plan.data
-        max_context = loaded.identity.max_context
+        max_context = lm.identity.max_context
         for example in data.data.examples:
-            prompt = example_prompt(loaded, data, example, request.chat_template)
+            prompt = example_prompt(lm, data, example, request.chat_template)
             room = len(prompt.input_ids) + self.response_room(request)
             if max_context and room > max_context:
                 raise HeadprobeError(f"{param('contexts', data.file)}: example {example.id}: its prompt is "
@@ -149,9 +153,10 @@ class ContextPass(PassSteps):
     def progress_label(self, run: PassRun) -> str:
         return f"{'+'.join(run.settings['probes'])} on {run.plan.data.file} ({run.request.mode})"
 
-    def run(self, loaded: Any, run: PassRun, todo: list[ContextExample], log: TrialLog, progress: Any) -> Any:
+    def run(self, lm: LoadedModel, run: PassRun, todo: list[ContextExample], log: TrialLog,
+            progress: Any) -> Any:
         """Run ``todo``; with ``until_stable``, the examples in a seeded shuffle until the top heads are stable."""
-        chunk_runner = self.chunk_runner(loaded, run, log, progress)
+        chunk_runner = self.chunk_runner(lm, run, log, progress)
         rule = run.request.until_stable
         if rule is None:
             chunk_runner(todo)
@@ -163,7 +168,7 @@ class ContextPass(PassSteps):
         gates = {kind: self.gate for kind in self.score_kinds(run.settings)}
         return run_until_stable(order, log.done, chunk_runner, gates, rule)
 
-    def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,
+    def chunk_runner(self, lm: LoadedModel, run: PassRun, log: TrialLog,
                      progress: Any) -> Callable[[list[ContextExample]], None]:
         """A function that runs a list of examples, appending each record to ``log``."""
         raise NotImplementedError
@@ -292,22 +297,23 @@ def record_of(example: ContextExample, prompt: DocumentPrompt, response: str, sc
 
 
 @torch.no_grad()
-def run_fast_examples(loaded: Any, data: ContextInput, examples: list[ContextExample], config: NeedleProbeConfig,
-                      on_trial: Callable[[dict[str, Any]], None], progress: Any) -> None:
+def run_fast_examples(lm: LoadedModel, data: ContextInput, examples: list[ContextExample],
+                      config: NeedleProbeConfig, on_trial: Callable[[dict[str, Any]], None],
+                      progress: Any) -> None:
     """Fast mode: examples in batches of similar length (``config.batch_size``), the tokens their prompts
     share at the start (the chat template's) computed once per batch. Each batch decodes its responses
     greedily, as reference mode does (:func:`decode_batch`), then teacher-forces them in one forward whose
     rows at the response positions are scored; the gate is computed on the decoded response. Each batch's
     records go to ``on_trial`` before the next batch starts."""
-    prompts = {e.id: example_prompt(loaded, data, e, config.chat_template) for e in examples}
+    prompts = {e.id: example_prompt(lm, data, e, config.chat_template) for e in examples}
     lengths = [len(prompts[e.id].input_ids) for e in examples]
-    for batch in example_batches(lengths, config.batch_size, loaded.identity.sliding_window, config.max_new_tokens):
+    for batch in example_batches(lengths, config.batch_size, lm.identity.sliding_window, config.max_new_tokens):
         began = time.perf_counter()
         members = [examples[i] for i in batch]
-        responses, result = _run_fast_batch(loaded, [prompts[e.id] for e in members], members, config)
+        responses, result = _run_fast_batch(lm, [prompts[e.id] for e in members], members, config)
         seconds = (time.perf_counter() - began) / len(members)
         for i, example in enumerate(members):
-            response = loaded.tokenizer.decode(responses[i], skip_special_tokens=True)
+            response = lm.tokenizer.decode(responses[i], skip_special_tokens=True)
             gates, passed = trial_gates(example_needle(example), response, None, None)
             scores = {name: total[i] for name, total in result.totals.items()}
             on_trial(record_of(example, prompts[example.id], response, scores, gates, passed, seconds, "fast"))
@@ -335,7 +341,7 @@ def example_batches(lengths: list[int], batch_size: int, window: int | None, roo
     return batches
 
 
-def _run_fast_batch(loaded: Any, prompts: list[DocumentPrompt], members: list[ContextExample],
+def _run_fast_batch(lm: LoadedModel, prompts: list[DocumentPrompt], members: list[ContextExample],
                     config: NeedleProbeConfig) -> tuple[list[list[int]], VariantResult]:
     """One batch of fast mode: the prompt forward, greedy decoding, and the decoded responses teacher-forced
     and scored. Returns each example's response tokens and the scores of their steps."""
@@ -344,25 +350,25 @@ def _run_fast_batch(loaded: Any, prompts: list[DocumentPrompt], members: list[Co
     from .prompt_cache import batch_cache, prefix_cache
     from .reference_mode import eos_ids
 
-    identity, device = loaded.identity, loaded.device
+    identity, device = lm.identity, lm.device
     contexts = [p.context for p in prompts]
     shared = min(min(_common_prefix(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
                  for c in contexts)
-    batch = build_batch(loaded.tokenizer, members, contexts, shared, {e.id: example_needle(e) for e in members})
-    cache = batch_cache(prefix_cache(loaded.model, contexts[0].input_ids[:shared], device), shared, batch.size)
-    with RowRecorder(loaded.model) as rec:
-        step0 = prompt_step(loaded.model, rec, batch, cache, config.split_attention and shared > 0,
+    batch = build_batch(lm.tokenizer, members, contexts, shared, {e.id: example_needle(e) for e in members})
+    cache = batch_cache(prefix_cache(lm.model, contexts[0].input_ids[:shared], device), shared, batch.size)
+    with RowRecorder(lm.model) as rec:
+        step0 = prompt_step(lm.model, rec, batch, cache, config.split_attention and shared > 0,
                             identity.num_layers, identity.num_query_heads, device)
         rec.request = None
-        responses = decode_batch(loaded.model, batch, cache, step0.logp, config.max_new_tokens, eos_ids(loaded),
+        responses = decode_batch(lm.model, batch, cache, step0.logp, config.max_new_tokens, eos_ids(lm),
                                  device)
         batch.variants = [{"response": tokens} for tokens in responses]
-        result = run_variant(loaded.model, rec, batch, cache, step0, "response", config.scores,
+        result = run_variant(lm.model, rec, batch, cache, step0, "response", config.scores,
                              identity.num_layers, identity.num_query_heads, device)
     return responses, result
 
 
-def decode_batch(model: Any, batch: FastBatch, cache: Any, first_logp: torch.Tensor, steps: int, eos: set[int],
+def decode_batch(model: PreTrainedModel, batch: FastBatch, cache: Any, first_logp: torch.Tensor, steps: int, eos: set[int],
                  device: torch.device) -> list[list[int]]:
     """Greedy decoding of every prompt of ``batch`` after its prompt forward, by reference mode's rule: at
     most ``steps`` tokens, an end-of-sequence token ends a response and is not part of it.
@@ -405,7 +411,7 @@ def decode_batch(model: Any, batch: FastBatch, cache: Any, first_logp: torch.Ten
 
 
 @torch.no_grad()
-def run_reference_examples(loaded: Any, data: ContextInput, examples: list[ContextExample],
+def run_reference_examples(lm: LoadedModel, data: ContextInput, examples: list[ContextExample],
                            config: NeedleProbeConfig, on_trial: Callable[[dict[str, Any]], None],
                            progress: Any) -> None:
     """Reference mode: each example by greedy decoding (``config.max_new_tokens`` steps or end of sequence),
@@ -415,17 +421,17 @@ def run_reference_examples(loaded: Any, data: ContextInput, examples: list[Conte
     from .layer_scores import AnswerSpans, zero_totals
     from .reference_mode import decode_scored_steps
 
-    identity = loaded.identity
+    identity = lm.identity
     for example in examples:
         began = time.perf_counter()
-        prompt = example_prompt(loaded, data, example, config.chat_template)
+        prompt = example_prompt(lm, data, example, config.chat_template)
         ids = torch.tensor([prompt.input_ids])
         spans = AnswerSpans(torch.tensor([prompt.context.answer_span[0]]),
                             torch.tensor([prompt.context.answer_span[1]]), ids)
         totals = zero_totals(config.scores, 1, identity.num_layers, identity.num_query_heads)
-        generated = decode_scored_steps(loaded, ids, config.max_new_tokens, DynamicCache(), spans, config.scores,
+        generated = decode_scored_steps(lm, ids, config.max_new_tokens, DynamicCache(), spans, config.scores,
                                         totals)
-        response = loaded.tokenizer.decode(generated, skip_special_tokens=True)
+        response = lm.tokenizer.decode(generated, skip_special_tokens=True)
         gates, passed = trial_gates(example_needle(example), response, None, None)
         scores = {name: total[0] for name, total in totals.items()}
         on_trial(record_of(example, prompt, response, scores, gates, passed, time.perf_counter() - began,
@@ -460,7 +466,7 @@ class ContextRetrievalPass(ContextPass):
         scored = {"scored": "decoded_response"} if request.mode == "fast" else {}
         return {"gate": "published", "max_new_tokens": request.max_new_tokens, **scored}
 
-    def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,
+    def chunk_runner(self, lm: LoadedModel, run: PassRun, log: TrialLog,
                      progress: Any) -> Callable[[list[ContextExample]], None]:
         request = run.request
         config = NeedleProbeConfig(scores=NeedleScores(
@@ -469,7 +475,7 @@ class ContextRetrievalPass(ContextPass):
             batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
             split_attention=request.split_attention)
         runner = self.runner(request.mode)
-        return lambda examples: runner(loaded, run.plan.data, examples, config, log.append, progress)
+        return lambda examples: runner(lm, run.plan.data, examples, config, log.append, progress)
 
 
 #: The pass over a user's examples that scores the answer's span as the retrieval needle pass does.

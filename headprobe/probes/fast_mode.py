@@ -45,6 +45,7 @@ from .trial_grid import TrialSpec
 from .trial_record import trial_gates, trial_record
 
 if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
     from .probe_config import NeedleProbeConfig, NeedleScores
 
 #: Token id that never equals a prompt token (prompt tokens past a prompt's end are -1).
@@ -79,10 +80,10 @@ def response_variants(tokenizer, needle: Needle, ctx: TrialContext) -> dict[str,
 # ---- a length group: the shared prefix and the batches ------------------------------------------
 
 @torch.no_grad()
-def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,
+def run_fast_length_group(lm: LoadedModel, haystack: Haystack, needles: dict[str, Needle], length: int,
                           specs: list[TrialSpec], config: NeedleProbeConfig,
-                          on_trial: Callable[[dict[str, Any]], None],
-                          progress: Callable[[int], None] | None, caches: HaystackCaches | None = None) -> None:
+                          on_trial: Callable[[dict[str, Any]], None], progress: Callable[[int], None] | None,
+                          caches: HaystackCaches | None = None) -> None:
     """Run the trials of one length and seed: compute the haystack prefix once, then batch by depth.
 
     Each finished batch's records go to ``on_trial`` (with the batch's time per trial, the prefix's share
@@ -94,8 +95,8 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
     from a whole run's. With ``caches`` that KV is taken from (or put into) it, so later calls for the same
     length skip the prefix forward.
     """
-    tok = loaded.tokenizer
-    max_context = loaded.identity.max_context
+    tok = lm.tokenizer
+    max_context = lm.identity.max_context
     group_start = time.perf_counter()
     base = build_context(tok, haystack, None, length, 0.0, config.chat_template, max_context)
     contexts = [build_context(tok, haystack, needles[s.needle_id], length, s.depth, config.chat_template, max_context)
@@ -103,14 +104,14 @@ def run_fast_length_group(loaded, haystack: Haystack, needles: dict[str, Needle]
     shared = [min(common_prefix_length(base.input_ids, c.input_ids), c.needle_span[0], c.length - 1)
               for c in contexts]
     if caches is None:
-        base_cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
+        base_cache = prefix_cache(lm.model, base.input_ids, lm.device)
         base_seconds = (time.perf_counter() - group_start) / len(specs)
     else:
-        _, base_cache, seconds = caches.get(loaded, haystack, length, config.chat_template)
+        _, base_cache, seconds = caches.get(lm, haystack, length, config.chat_template)
         base_seconds = seconds / len(specs)
     for members in depth_batches(specs, shared, config.batch_size):
         started = time.perf_counter()
-        records = run_fast_batch(loaded, base_cache, [specs[i] for i in members], [contexts[i] for i in members],
+        records = run_fast_batch(lm, base_cache, [specs[i] for i in members], [contexts[i] for i in members],
                                  min(shared[i] for i in members), needles, config)
         per_trial = (time.perf_counter() - started) / len(members) + base_seconds
         for record in records:
@@ -214,24 +215,25 @@ def build_batch(tokenizer, specs: list[TrialSpec], contexts: list[TrialContext],
 
 
 @torch.no_grad()
-def run_fast_batch(loaded, base_cache, specs: list[TrialSpec], contexts: list[TrialContext], prefix: int,
-                   needles: dict[str, Needle], config: NeedleProbeConfig) -> list[dict[str, Any]]:
+def run_fast_batch(lm: LoadedModel, base_cache, specs: list[TrialSpec], contexts: list[TrialContext],
+                   prefix: int, needles: dict[str, Needle],
+                   config: NeedleProbeConfig) -> list[dict[str, Any]]:
     """One batch of teacher-forced trials sharing ``prefix`` tokens of ``base_cache``: their log records.
 
     The prompt forward's attention is split into a pass over the cached prefix and a causal pass over the
     suffix (``config.split_attention``): the prefix is shared by the whole batch and the suffixes are
     right-padded, which is what that split needs.
     """
-    model, identity = loaded.model, loaded.identity
-    batch = build_batch(loaded.tokenizer, specs, contexts, prefix, needles)
+    model, identity = lm.model, lm.identity
+    batch = build_batch(lm.tokenizer, specs, contexts, prefix, needles)
     cache = batch_cache(base_cache, prefix, batch.size)
     layers, heads = identity.num_layers, identity.num_query_heads
     with RowRecorder(model) as rec:
-        step0 = prompt_step(model, rec, batch, cache, config.split_attention, layers, heads, loaded.device)
+        step0 = prompt_step(model, rec, batch, cache, config.split_attention, layers, heads, lm.device)
         results = {name: run_variant(model, rec, batch, cache, step0, name, config.scores, layers, heads,
-                                     loaded.device)
+                                     lm.device)
                    for name in batch.variant_names}
-    return batch_records(loaded.tokenizer, batch, results)
+    return batch_records(lm.tokenizer, batch, results)
 
 
 @dataclass

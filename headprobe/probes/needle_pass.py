@@ -43,6 +43,7 @@ from .trial_grid import TrialSpec, make_grid, shard_trials
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
+    from ..models.loading import LoadedModel
     from ..profile import Profile
     from .inputs import RunInputs
     from .pass_steps import PassPlan, PassRun, RunContext
@@ -100,7 +101,7 @@ class NeedlePass(PassSteps):
 
     # ---- on the model ------------------------------------------------------------------------------
 
-    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:
+    def settings(self, lm: LoadedModel, plan: PassPlan, context: RunContext) -> dict[str, Any]:
         """Check every prompt against the model; the log's settings. Each needle file is named portably
         (:func:`~headprobe.probes.log_settings.portable_file_name`) beside its fingerprint, as is a user's
         haystack."""
@@ -108,9 +109,9 @@ class NeedlePass(PassSteps):
         if request.mode == "reuse":
             from .selective_prefill import check_reuse_model
 
-            check_reuse_model(loaded.model)
-        check_grid(loaded, grid, request.chat_template, self.needle_kind, list(data.needles), data.haystack)
-        gate = choose_gate(request.gate, loaded) if self.takes_gate else None
+            check_reuse_model(lm.model)
+        check_grid(lm, grid, request.chat_template, self.needle_kind, list(data.needles), data.haystack)
+        gate = choose_gate(request.gate, lm) if self.takes_gate else None
         haystack = data.haystack
         haystack_name = haystack.name if request.haystack is None else portable_file_name(request.haystack)[0]
         return {**context.common, "pass": plan.probe_pass.name, "probes": list(plan.probes),
@@ -129,7 +130,7 @@ class NeedlePass(PassSteps):
     def progress_label(self, run: PassRun) -> str:
         return f"{'+'.join(run.settings['probes'])} ({run.request.mode})"
 
-    def run(self, loaded: Any, run: PassRun, todo: list[TrialSpec], log: TrialLog, progress: Any) -> Any:
+    def run(self, lm: LoadedModel, run: PassRun, todo: list[TrialSpec], log: TrialLog, progress: Any) -> Any:
         """Run ``todo`` by the runner of the request's mode, or, with ``until_stable``, the grid in spread order
         until its top heads are stable (returning the outcome)."""
         request, settings, data = run.request, run.settings, run.plan.data
@@ -141,7 +142,7 @@ class NeedlePass(PassSteps):
         by_id = {n.id: n for n in data.needles}
         runner = self.runner(request.mode)
         if request.until_stable is None:
-            runner(loaded, haystacks, by_id, todo, config, log.append, progress)
+            runner(lm, haystacks, by_id, todo, config, log.append, progress)
             return None
         from .early_stop import run_until_stable
         from .prompt_cache import HaystackCaches
@@ -152,7 +153,7 @@ class NeedlePass(PassSteps):
         gates = {kind: gate_name(kind, settings) for kind in self.score_kinds(settings)}
         return run_until_stable(
             spread_order(self.trials(run), rule.order_seed), log.done,
-            lambda chunk: runner(loaded, haystacks, by_id, chunk, config, log.append, progress, caches),
+            lambda chunk: runner(lm, haystacks, by_id, chunk, config, log.append, progress, caches),
             gates, rule)
 
     # ---- logs into profiles ------------------------------------------------------------------------
@@ -290,7 +291,7 @@ def haystack_for_seed(base: Haystack, seed: int) -> Haystack:
     return Haystack(f"{base.name}#seed{seed}", "\n\n".join(docs))
 
 
-def check_grid(loaded: Any, grid: Grid, chat_template: bool, kind: str, needles: list[Needle],
+def check_grid(lm: LoadedModel, grid: Grid, chat_template: bool, kind: str, needles: list[Needle],
                haystack: Haystack) -> None:
     """Refuse lengths the model's context, the prompt around the haystack or the haystack cannot hold.
 
@@ -303,17 +304,17 @@ def check_grid(loaded: Any, grid: Grid, chat_template: bool, kind: str, needles:
     HeadprobeError
         Naming ``lengths`` (and the needle, for a prompt too long for the shortest length).
     """
-    max_context = loaded.identity.max_context
+    max_context = lm.identity.max_context
     for length in grid.lengths:
         if max_context and length > max_context:
             raise HeadprobeError(f"{param('lengths', length)}: beyond the model's context of {max_context} tokens")
     shortest, longest = min(grid.lengths), max(grid.lengths)
     for needle in needles:
         try:
-            build_context(loaded.tokenizer, haystack, needle, shortest, grid.depths[0], chat_template, max_context)
+            build_context(lm.tokenizer, haystack, needle, shortest, grid.depths[0], chat_template, max_context)
         except HeadprobeError as exc:
             raise HeadprobeError(f"{exc} ({kind} needle {needle.id})") from None
-    build_context(loaded.tokenizer, haystack, needles[0], longest, grid.depths[0], chat_template, max_context)
+    build_context(lm.tokenizer, haystack, needles[0], longest, grid.depths[0], chat_template, max_context)
 
 
 #: The retrieval pass: copy score (``retrieval``) and attention-weight score (``enhanced_retrieval``).

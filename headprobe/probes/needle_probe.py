@@ -12,7 +12,7 @@ the haystack after the needle recomputed (:mod:`headprobe.probes.reuse_mode`).
 
 Every runner takes the same arguments:
 
-loaded
+lm
     :class:`headprobe.LoadedModel`.
 haystacks
     Haystack per seed.
@@ -34,7 +34,7 @@ caches
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
@@ -45,33 +45,39 @@ from .reference_mode import run_reference_trial
 from .reuse_mode import run_reuse_length_group
 from .trial_grid import TrialSpec
 
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
+
 OnTrial = Callable[[dict[str, Any]], None]
 
 
-def run_reference_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
-                         config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
+def run_reference_trials(lm: LoadedModel, haystacks: dict[int, Haystack], needles: dict[str, Needle],
+                         trials: list[TrialSpec], config: NeedleProbeConfig, on_trial: OnTrial,
+                         progress: Callable[[int], None] | None = None,
                          caches: HaystackCaches | None = None) -> None:  # noqa: ARG001 (the probe-pass interface)
     """Reference mode: each trial by greedy decoding, one at a time (``caches`` is not used)."""
     for spec in trials:
-        on_trial(run_reference_trial(loaded, haystacks[spec.seed], needles[spec.needle_id], spec, config))
+        on_trial(run_reference_trial(lm, haystacks[spec.seed], needles[spec.needle_id], spec, config))
         if progress:
             progress(1)
 
 
-def run_fast_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
-                    config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
+def run_fast_trials(lm: LoadedModel, haystacks: dict[int, Haystack], needles: dict[str, Needle],
+                    trials: list[TrialSpec], config: NeedleProbeConfig, on_trial: OnTrial,
+                    progress: Callable[[int], None] | None = None,
                     caches: HaystackCaches | None = None) -> None:
     """Fast mode: teacher-forced batches on each length's shared haystack prefix."""
     for (length, seed), group in _length_groups(trials):
-        run_fast_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress, caches)
+        run_fast_length_group(lm, haystacks[seed], needles, length, group, config, on_trial, progress, caches)
 
 
-def run_reuse_trials(loaded, haystacks: dict[int, Haystack], needles: dict[str, Needle], trials: list[TrialSpec],
-                     config: NeedleProbeConfig, on_trial: OnTrial, progress: Callable[[int], None] | None = None,
+def run_reuse_trials(lm: LoadedModel, haystacks: dict[int, Haystack], needles: dict[str, Needle],
+                     trials: list[TrialSpec], config: NeedleProbeConfig, on_trial: OnTrial,
+                     progress: Callable[[int], None] | None = None,
                      caches: HaystackCaches | None = None) -> None:
     """Reuse mode: each trial on its length's haystack KV, a share of it recomputed."""
     for (length, seed), group in _length_groups(trials):
-        run_reuse_length_group(loaded, haystacks[seed], needles, length, group, config, on_trial, progress, caches)
+        run_reuse_length_group(lm, haystacks[seed], needles, length, group, config, on_trial, progress, caches)
 
 
 def _length_groups(trials: list[TrialSpec]) -> list[tuple[tuple[int, int], list[TrialSpec]]]:

@@ -29,6 +29,7 @@ from .gates import GateChoice
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
+    from ..models.loading import LoadedModel
     from ..profile import Profile
     from .inputs import RunInputs
     from .registry import ProbePass
@@ -169,7 +170,7 @@ class PassSteps:
         file read once; ``options``: the pass's own); refuse bad input (HeadprobeError)."""
         raise NotImplementedError
 
-    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:
+    def settings(self, lm: LoadedModel, plan: PassPlan, context: RunContext) -> dict[str, Any]:
         """Check the input against the loaded model; the settings of the pass's trial log (which must
         name the pass as ``"pass"`` and its requested kinds as ``"probes"``, beside ``context.common``)."""
         raise NotImplementedError
@@ -182,7 +183,7 @@ class PassSteps:
         """What the progress bar says besides the file stem."""
         return run.plan.probe_pass.name
 
-    def run(self, loaded: Any, run: PassRun, todo: list[Any], log: TrialLog,
+    def run(self, lm: LoadedModel, run: PassRun, todo: list[Any], log: TrialLog,
             progress: Callable[[int], Any] | None) -> Any:
         """Run ``todo`` (this shard's trials not yet in the log), appending each record to ``log`` and
         reporting finished trials to ``progress``; return the early-stopping outcome, if the pass had one."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..errors import HeadprobeError, param
 from ..files.jsonio import check_writable_dir
@@ -30,6 +30,9 @@ from .pass_steps import PassPlan, PassRun, RunContext
 from .registry import passes_for
 from .request import ProfileRequest, check_request, is_set
 from .trial_grid import Grid, resolve_grid
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,7 @@ class ProfilePlan:
     outputs: ProfileOutputs
     passes: tuple[PassPlan, ...]
 
-    def resolve(self, loaded: Any, version: str = "") -> ResolvedProfile:
+    def resolve(self, lm: LoadedModel, version: str = "") -> ResolvedProfile:
         """Settle what depends on the loaded model, in one step: the grid on its device and context, the
         gate, the settings of each pass's log (every prompt checked against the model's tokenizer and
         context); nothing is written.
@@ -69,21 +72,21 @@ class ProfilePlan:
             (lengths beyond its context or too short for a prompt, reuse mode on an architecture it does
             not drive).
         """
-        if profile_stem(self.request.name, loaded.identity.name) != self.stem:
-            raise HeadprobeError(f"{param('model', loaded.identity.name)}: the run was checked for "
+        if profile_stem(self.request.name, lm.identity.name) != self.stem:
+            raise HeadprobeError(f"{param('model', lm.identity.name)}: the run was checked for "
                                  f"{self.model_name}, whose files are named {self.stem}.*")
-        plan = self._with_mode(loaded)
+        plan = self._with_mode(lm)
         request = plan.request
-        grid = resolve_grid(request.grid, request.lengths, request.depths, loaded.device.type == "cuda",
-                            loaded.identity.max_context)
-        common = {"model": loaded.identity.to_json(), "mode": request.mode, "chat_template": request.chat_template,
-                  "prompt_format": prompt_format_of(loaded.tokenizer, request.chat_template),
+        grid = resolve_grid(request.grid, request.lengths, request.depths, lm.device.type == "cuda",
+                            lm.identity.max_context)
+        common = {"model": lm.identity.to_json(), "mode": request.mode, "chat_template": request.chat_template,
+                  "prompt_format": prompt_format_of(lm.tokenizer, request.chat_template),
                   "headprobe_version": version, "group_reduction": request.group_reduction}
         context = RunContext(request, grid, common)
-        runs = tuple(PassRun(p, context, p.steps.settings(loaded, p, context)) for p in plan.passes)
+        runs = tuple(PassRun(p, context, p.steps.settings(lm, p, context)) for p in plan.passes)
         return ResolvedProfile(plan, grid, runs)
 
-    def _with_mode(self, loaded: Any) -> ProfilePlan:
+    def _with_mode(self, lm: LoadedModel) -> ProfilePlan:
         """This plan with ``mode="auto"`` settled for the loaded model (:func:`~headprobe.probes.modes.
         auto_mode`); any other mode as it is."""
         request = self.request
@@ -95,12 +98,12 @@ class ProfilePlan:
             from .selective_prefill import check_reuse_model
 
             try:
-                check_reuse_model(loaded.model)
+                check_reuse_model(lm.model)
             except HeadprobeError:
                 runs_reuse = False
         asked_fast = is_set(request, "batch_size") or is_set(request, "split_attention")
         asked_share = is_set(request, "recompute_share")
-        mode = auto_mode(loaded.device.type == "cpu", runs_reuse, asked_fast, asked_share)
+        mode = auto_mode(lm.device.type == "cpu", runs_reuse, asked_fast, asked_share)
         share = request.recompute_share if asked_share or mode != "reuse" else AUTO_RECOMPUTE_SHARE
         return dataclasses.replace(self, request=dataclasses.replace(request, mode=mode, recompute_share=share))
 

@@ -4,13 +4,16 @@ continuation; haystack prompts and their KV kept across calls (:class:`HaystackC
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..haystack.context import build_context
 from ..haystack.corpus import Haystack
 from ..models.cache_argument import with_cache
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 @torch.no_grad()
@@ -69,7 +72,8 @@ class HaystackCaches:
         self.keep = keep
         self._entries: dict[tuple[int, str], tuple[list[int], Any, float]] = {}
 
-    def get(self, loaded, haystack: Haystack, length: int, chat_template: bool) -> tuple[list[int], Any, float]:
+    def get(self, lm: LoadedModel, haystack: Haystack, length: int,
+            chat_template: bool) -> tuple[list[int], Any, float]:
         """``(base_ids, cache, seconds)``: ``seconds`` is the forward's time the first time, then 0."""
         key = (length, haystack.fingerprint)
         if key in self._entries:
@@ -77,8 +81,8 @@ class HaystackCaches:
             self._entries[key] = (ids, cache, 0.0)
             return ids, cache, 0.0
         start = time.perf_counter()
-        base = build_context(loaded.tokenizer, haystack, None, length, 0.0, chat_template, loaded.identity.max_context)
-        cache = prefix_cache(loaded.model, base.input_ids, loaded.device)
+        base = build_context(lm.tokenizer, haystack, None, length, 0.0, chat_template, lm.identity.max_context)
+        cache = prefix_cache(lm.model, base.input_ids, lm.device)
         seconds = time.perf_counter() - start
         while len(self._entries) >= self.keep:
             self._entries.pop(next(iter(self._entries)))

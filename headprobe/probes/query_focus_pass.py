@@ -43,6 +43,7 @@ from .prompt_cache import crop_cache
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
+    from ..models.loading import LoadedModel
     from .pass_steps import PassPlan, PassRun
     from .request import ProfileRequest
 
@@ -102,15 +103,15 @@ def _mean_rows_to_span(store: dict[int, torch.Tensor], start: int, end: int) -> 
 
 
 @torch.no_grad()
-def query_focus_record(loaded: Any, data: ContextInput, example: ContextExample, chat_template: bool,
+def query_focus_record(lm: LoadedModel, data: ContextInput, example: ContextExample, chat_template: bool,
                        null_query: str) -> dict[str, Any]:
     """One example's log record: ``scores.query_focus[layer][query_head]`` (signed), the evidence span and
     the query tokens."""
     from transformers import DynamicCache
 
     began = time.perf_counter()
-    model, device = loaded.model, loaded.device
-    prompt = example_prompt(loaded, data, example, chat_template)
+    model, device = lm.model, lm.device
+    prompt = example_prompt(lm, data, example, chat_template)
     ids, q_start = prompt.input_ids, prompt.query_start
     start, end = prompt.context.answer_span
     real: dict[int, torch.Tensor] = {}
@@ -122,7 +123,7 @@ def query_focus_record(loaded: Any, data: ContextInput, example: ContextExample,
         model(input_ids=torch.tensor([ids], device=device), use_cache=True, logits_to_keep=1,
               **with_cache(model, cache))
         if null_query:
-            null_ids = document_prompt(loaded.tokenizer, example, chat_template, question=null_query).input_ids
+            null_ids = document_prompt(lm.tokenizer, example, chat_template, question=null_query).input_ids
             if null_ids[:q_start] == ids[:q_start]:        # the tokens before the query are the prompt's
                 crop_cache(cache, q_start)
                 block, inputs = q_start, null_ids[q_start:]
@@ -158,14 +159,14 @@ class QueryFocusPass(ContextPass):
     def own_settings(self, request: ProfileRequest, plan: PassPlan) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         return {"null_query": plan.options.null_query, "score": "qrhead"}
 
-    def chunk_runner(self, loaded: Any, run: PassRun, log: TrialLog,
+    def chunk_runner(self, lm: LoadedModel, run: PassRun, log: TrialLog,
                      progress: Any) -> Callable[[list[ContextExample]], None]:
         record = self.runner(run.request.mode)
         null_query = run.plan.options.null_query
 
         def run_chunk(examples: list[ContextExample]) -> None:
             for example in examples:
-                log.append(record(loaded, run.plan.data, example, run.request.chat_template, null_query))
+                log.append(record(lm, run.plan.data, example, run.request.chat_template, null_query))
                 if progress:
                     progress(1)
         return run_chunk

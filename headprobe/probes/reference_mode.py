@@ -19,7 +19,7 @@ from ..haystack.context import TrialContext, build_context, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle
 from ..models.cache_argument import with_cache
-from ..models.loading import generation_eos_ids
+from ..models.loading import LoadedModel, generation_eos_ids
 from .layer_scores import (
     AnswerSpans,
     LayerRows,
@@ -36,22 +36,22 @@ if TYPE_CHECKING:
     from .probe_config import NeedleProbeConfig, NeedleScores
 
 
-def eos_ids(loaded) -> set[int]:
+def eos_ids(lm: LoadedModel) -> set[int]:
     """Where a reference-mode answer ends: ``generate``'s end-of-sequence ids and the tokenizer's."""
-    ids = generation_eos_ids(loaded.model)
-    if loaded.tokenizer.eos_token_id is not None:
-        ids.add(loaded.tokenizer.eos_token_id)
+    ids = generation_eos_ids(lm.model)
+    if lm.tokenizer.eos_token_id is not None:
+        ids.add(lm.tokenizer.eos_token_id)
     return ids
 
 
 @torch.no_grad()
-def run_reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialSpec,
+def run_reference_trial(lm: LoadedModel, haystack: Haystack, needle: Needle, spec: TrialSpec,
                         config: NeedleProbeConfig) -> dict[str, Any]:
     """Run one trial by greedy decoding; return its log record."""
     from transformers import DynamicCache
 
     start = time.perf_counter()
-    tok, identity = loaded.tokenizer, loaded.identity
+    tok, identity = lm.tokenizer, lm.identity
     ctx = build_context(tok, haystack, needle, spec.length, spec.depth, config.chat_template, identity.max_context)
     prompt = torch.tensor([ctx.input_ids])                                   # [1, prompt_len]
     spans = AnswerSpans(torch.tensor([ctx.answer_span[0]]), torch.tensor([ctx.answer_span[1]]), prompt)
@@ -59,12 +59,12 @@ def run_reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialS
     steps = len(gold) if needle.kind == "reasoning" else config.max_new_tokens
     totals = zero_totals(config.scores, 1, identity.num_layers, identity.num_query_heads)
     cache = DynamicCache()
-    generated = decode_scored_steps(loaded, prompt, steps, cache, spans, config.scores, totals)
+    generated = decode_scored_steps(lm, prompt, steps, cache, spans, config.scores, totals)
     response = tok.decode(generated, skip_special_tokens=True)
     margin = None
     if needle.kind == "reasoning":
         gold_rows: LayerRows = {}
-        margin = candidate_margin(loaded, cache, prompt, needle, ctx, gold_rows)
+        margin = candidate_margin(lm, cache, prompt, needle, ctx, gold_rows)
         if config.gate == "likelihood":
             mask = torch.ones(1, len(gold), dtype=torch.bool)
             reasoning_scores_by_layer(gold_rows, spans, mask).write_to(totals[config.scores.weight])
@@ -73,8 +73,8 @@ def run_reference_trial(loaded, haystack: Haystack, needle: Needle, spec: TrialS
     return trial_record(spec, ctx, response, scores, gates, passed, time.perf_counter() - start, "reference")
 
 
-def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: AnswerSpans, scores: NeedleScores,
-                        totals: dict[str, torch.Tensor]) -> list[int]:
+def decode_scored_steps(lm: LoadedModel, prompt: torch.Tensor, steps: int, cache, spans: AnswerSpans,
+                        scores: NeedleScores, totals: dict[str, torch.Tensor]) -> list[int]:
     """Greedy decoding that adds each step's head scores to ``totals``.
 
     Parameters
@@ -97,8 +97,8 @@ def decode_scored_steps(loaded, prompt: torch.Tensor, steps: int, cache, spans: 
     list[int]
         The decoded tokens (without the end-of-sequence token).
     """
-    model, device = loaded.model, loaded.device
-    eos = eos_ids(loaded)
+    model, device = lm.model, lm.device
+    eos = eos_ids(lm)
     step_rows: LayerRows = {}
     generated: list[int] = []
     inputs = prompt.to(device)
@@ -130,7 +130,7 @@ def _add_step_scores(step_rows: LayerRows, spans: AnswerSpans, scores: NeedleSco
 
 
 @torch.no_grad()
-def candidate_margin(loaded, cache, prompt: torch.Tensor, needle: Needle, ctx: TrialContext,
+def candidate_margin(lm: LoadedModel, cache, prompt: torch.Tensor, needle: Needle, ctx: TrialContext,
                      gold_rows: LayerRows | None = None) -> float:
     """``log p(correct | prompt) − log p(distractor | prompt)`` (sum over each candidate's tokens).
 
@@ -144,7 +144,7 @@ def candidate_margin(loaded, cache, prompt: torch.Tensor, needle: Needle, ctx: T
         If given, receives each layer's attention rows ``[1, heads, len(correct), keys]`` of the steps
         that produce the correct candidate.
     """
-    model, tok, device = loaded.model, loaded.tokenizer, loaded.device
+    model, tok, device = lm.model, lm.tokenizer, lm.device
     prompt_len = prompt.shape[1]
     scores = []
     for cand in (needle.candidates[1], needle.candidates[0]):

@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..attention import RowRecorder, RowRequest, pooled_window_scores
 from ..haystack.context import render_instruction_prompt
 from ..haystack.tasks import TaskSample
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 @dataclass
@@ -79,15 +82,15 @@ def layer_shares(scores: torch.Tensor, capacity: int) -> torch.Tensor:
 
 
 @torch.no_grad()
-def run_retention_sample(loaded, sample: TaskSample, config: RetentionConfig) -> dict[str, Any]:
+def run_retention_sample(lm: LoadedModel, sample: TaskSample, config: RetentionConfig) -> dict[str, Any]:
     """Retention rates of one prompt: a log record with ``retention`` ``[layers]``."""
     start = time.perf_counter()
-    model, tok = loaded.model, loaded.tokenizer
+    model, tok = lm.model, lm.tokenizer
     ids = task_prompt_ids(tok, sample, config)
     n = len(ids)
     window = min(config.window, max(1, n - 1))
     prefix = n - window
-    group = loaded.identity.group_size
+    group = lm.identity.group_size
     per_layer: dict[int, torch.Tensor] = {}
 
     def keep(layer: int, rows: torch.Tensor, key_positions: torch.Tensor) -> None:
@@ -100,7 +103,7 @@ def run_retention_sample(loaded, sample: TaskSample, config: RetentionConfig) ->
 
     with RowRecorder(model) as rec:
         rec.request = RowRequest(torch.arange(prefix, n)[None], 0, keep)
-        model(input_ids=torch.tensor([ids], device=loaded.device), logits_to_keep=1)
+        model(input_ids=torch.tensor([ids], device=lm.device), logits_to_keep=1)
     scores = torch.stack([per_layer[i] for i in sorted(per_layer)])            # [layers, kv_heads, prefix]
     shares = layer_shares(scores, config.capacity)
     return {"trial": sample.id, "task": sample.task, "prompt_tokens": n,

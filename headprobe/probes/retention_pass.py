@@ -21,6 +21,7 @@ from .trial_grid import Grid, shard_samples
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
+    from ..models.loading import LoadedModel
     from ..profile import Profile
     from .inputs import RunInputs
     from .pass_steps import PassPlan, PassRun, RunContext
@@ -68,7 +69,7 @@ class RetentionPass(PassSteps):
         """The task samples, task by task."""
         return inputs.task_samples()
 
-    def settings(self, loaded: Any, plan: PassPlan, context: RunContext) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
+    def settings(self, lm: LoadedModel, plan: PassPlan, context: RunContext) -> dict[str, Any]:  # noqa: ARG002 (the probe-pass interface)
         request = context.request
         per_task = cpu_grid_samples(request, context.grid)
         samples = first_per_task(plan.data, per_task)
@@ -85,12 +86,13 @@ class RetentionPass(PassSteps):
     def trials(self, run: PassRun) -> list[TaskSample]:
         return shard_samples(first_per_task(run.plan.data, run.settings.get("samples_per_task")), run.request.shard)
 
-    def run(self, loaded: Any, run: PassRun, todo: list[TaskSample], log: TrialLog, progress: Any) -> None:
+    def run(self, lm: LoadedModel, run: PassRun, todo: list[TaskSample], log: TrialLog,
+            progress: Any) -> None:
         request = run.request
         config = dataclasses.replace(request.retention, chat_template=request.chat_template)
         sample_record = self.runner(request.mode)
         for sample in todo:
-            log.append(sample_record(loaded, sample, config))
+            log.append(sample_record(lm, sample, config))
             if progress:
                 progress(1)
 

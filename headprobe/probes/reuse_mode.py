@@ -32,10 +32,11 @@ from .selective_prefill import Branches, check_reuse_model, plan_reuse, selectiv
 from .trial_grid import TrialSpec
 
 if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
     from .probe_config import NeedleProbeConfig, NeedleScores
 
 @torch.no_grad()
-def run_reuse_length_group(loaded, haystack: Haystack, needles: dict[str, Needle], length: int,
+def run_reuse_length_group(lm: LoadedModel, haystack: Haystack, needles: dict[str, Needle], length: int,
                            specs: list[TrialSpec], config: NeedleProbeConfig,
                            on_trial: Callable[[dict[str, Any]], None], progress: Callable[[int], None] | None,
                            caches: HaystackCaches | None = None) -> None:
@@ -43,23 +44,23 @@ def run_reuse_length_group(loaded, haystack: Haystack, needles: dict[str, Needle
 
     The haystack forward's time is shared out over the group's trials (as fast mode does with its prefix).
     """
-    check_reuse_model(loaded.model)
+    check_reuse_model(lm.model)
     check_recompute_share(config.recompute_share)
     caches = caches if caches is not None else HaystackCaches(keep=1)
-    base_ids, base_cache, base_seconds = caches.get(loaded, haystack, length, config.chat_template)
+    base_ids, base_cache, base_seconds = caches.get(lm, haystack, length, config.chat_template)
     for spec in specs:
         started = time.perf_counter()
-        record = run_reuse_trial(loaded, base_ids, base_cache, haystack, needles, spec, config)
+        record = run_reuse_trial(lm, base_ids, base_cache, haystack, needles, spec, config)
         record["seconds"] = round(time.perf_counter() - started + base_seconds / len(specs), 3)
         on_trial(record)
         if progress:
             progress(1)
 
 
-def run_reuse_trial(loaded, base_ids: list[int], base_cache, haystack: Haystack, needles: dict[str, Needle],
-                    spec: TrialSpec, config: NeedleProbeConfig) -> dict[str, Any]:
+def run_reuse_trial(lm: LoadedModel, base_ids: list[int], base_cache, haystack: Haystack,
+                    needles: dict[str, Needle], spec: TrialSpec, config: NeedleProbeConfig) -> dict[str, Any]:
     """One trial: its prompt and response variants in one selective forward; its log record."""
-    tok, identity = loaded.tokenizer, loaded.identity
+    tok, identity = lm.tokenizer, lm.identity
     needle = needles[spec.needle_id]
     ctx = build_context(tok, haystack, needle, spec.length, spec.depth, config.chat_template, identity.max_context)
     n = ctx.length
@@ -69,7 +70,7 @@ def run_reuse_trial(loaded, base_ids: list[int], base_cache, haystack: Haystack,
     names = batch.variant_names
     branches = Branches([batch.variants[0].get(name, []) for name in names])
     scorer = BranchScorer(branches, names, batch.spans, config.scores, identity.num_layers, identity.num_query_heads)
-    logp, recomputed = selective_trial_forward(loaded.model, base_cache, ctx.input_ids, plan, config.recompute_share,
+    logp, recomputed = selective_trial_forward(lm.model, base_cache, ctx.input_ids, plan, config.recompute_share,
                                                branches, scorer)
     results = {}
     for v, name in enumerate(names):

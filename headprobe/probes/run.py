@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, NoPassingTrialsError
 from ..files.jsonio import check_writable_dir
@@ -23,6 +23,9 @@ from .outputs import check_name, profile_stem, profiles_to_write, replaces_own_p
 from .pass_steps import PassRun
 from .plan import ProfilePlan, ResolvedProfile, check_profile_run
 from .request import ProfileRequest
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 #: ``progress(total, description)`` returns a callable taking the number of finished trials.
 ProgressFactory = Callable[[int, str], Any]
@@ -40,20 +43,20 @@ class ProfileResult:
     stopping: dict[str, Any] = field(default_factory=dict)
 
 
-def resolve_profile(loaded: Any, run: ProfileRequest | ProfilePlan | ResolvedProfile,
+def resolve_profile(lm: LoadedModel, run: ProfileRequest | ProfilePlan | ResolvedProfile,
                     version: str = "") -> ResolvedProfile:
-    """``run`` resolved for ``loaded``: a request is checked first (:func:`check_profile_run`), a plan
+    """``run`` resolved for ``lm``: a request is checked first (:func:`check_profile_run`), a plan
     resolved (:meth:`ProfilePlan.resolve`); a resolved run must be the loaded model's."""
     if isinstance(run, ProfileRequest):
-        run = check_profile_run(run, loaded.identity.name)
+        run = check_profile_run(run, lm.identity.name)
     if isinstance(run, ProfilePlan):
-        return run.resolve(loaded, version)
-    if run.passes and run.passes[0].context.common["model"] != loaded.identity.to_json():
-        raise HeadprobeError(f"the run was resolved for {run.plan.model_name}, not {loaded.identity.name}")
+        return run.resolve(lm, version)
+    if run.passes and run.passes[0].context.common["model"] != lm.identity.to_json():
+        raise HeadprobeError(f"the run was resolved for {run.plan.model_name}, not {lm.identity.name}")
     return run
 
 
-def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedProfile,
+def run_profile(lm: LoadedModel, request: ProfileRequest | ProfilePlan | ResolvedProfile,
                 progress: ProgressFactory | None = None, version: str = "") -> ProfileResult:
     """Run the requested probes on a loaded model; append trials to logs; write profiles.
 
@@ -70,7 +73,7 @@ def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedPro
     version
         The headprobe version the logs record (when ``request`` is not yet resolved).
     """
-    resolved = resolve_profile(loaded, request, version)
+    resolved = resolve_profile(lm, request, version)
     plan = resolved.plan
     result = ProfileResult([], [], 0, 0)
     for run in resolved.passes:
@@ -80,7 +83,7 @@ def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedPro
         with TrialLog(log_path, run.settings, resume=plan.request.resume, force=plan.request.force) as log:
             if log.where:
                 check_trial_records(log.settings, [(log.where[t], r) for t, r in log.done.items()])
-            _run_pass(loaded, run, log, plan.stem, progress, result)
+            _run_pass(lm, run, log, plan.stem, progress, result)
         result.logs.append(log_path)
         if plan.request.shard is None:       # a shard (or a torchrun rank) writes its log only
             write_log_profiles(log.settings, list(log.records()), plan.outputs.out_dir, plan.stem, result,
@@ -88,7 +91,7 @@ def run_profile(loaded: Any, request: ProfileRequest | ProfilePlan | ResolvedPro
     return result
 
 
-def _run_pass(loaded: Any, run: PassRun, log: TrialLog, stem: str, progress: ProgressFactory | None,
+def _run_pass(lm: LoadedModel, run: PassRun, log: TrialLog, stem: str, progress: ProgressFactory | None,
               result: ProfileResult) -> None:
     """Run the trials of this shard of a pass that are not yet in its log."""
     trials = run.steps.trials(run)
@@ -97,7 +100,7 @@ def _run_pass(loaded: Any, run: PassRun, log: TrialLog, stem: str, progress: Pro
     bar = progress(len(todo), f"{stem} {run.steps.progress_label(run)}") if progress else None
     logged_before = len(log.done)
     try:
-        outcome = run.steps.run(loaded, run, todo, log, bar)
+        outcome = run.steps.run(lm, run, todo, log, bar)
     finally:
         result.trials_run += len(log.done) - logged_before
     if outcome is not None:
