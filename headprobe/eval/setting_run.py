@@ -8,7 +8,7 @@ compares across tasks.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -38,6 +38,9 @@ class SettingRun:
     batch_settings
         Settings decoded together in one batch with this one (1: decoded alone); ``seconds`` then holds
         this setting's share of that decode (:func:`run_settings`).
+    same_cache_as
+        The label of an earlier setting whose cache keeps exactly the same tokens (same policy, options and
+        per-head budgets): this answer is that one's, generated once, and the time is shared.
     """
 
     text: str
@@ -49,6 +52,7 @@ class SettingRun:
     shared_prefill: bool = False
     press: dict[str, Any] | None = None
     batch_settings: int = 1
+    same_cache_as: str | None = None
 
     def measurements(self) -> dict[str, Any]:
         """The fields every trial record carries (besides the answer and its score); a kvpress setting's
@@ -57,7 +61,8 @@ class SettingRun:
         return {"cache_bytes": self.cache_bytes, "used_bytes": self.used_bytes,
                 "full_cache_bytes": self.full_cache_bytes, "seconds": round(self.seconds, 4),
                 "new_tokens": self.new_tokens, "shared_prefill": self.shared_prefill,
-                "batch_settings": self.batch_settings, **(self.press or {})}
+                "batch_settings": self.batch_settings, **(self.press or {}),
+                **({"same_cache_as": self.same_cache_as} if self.same_cache_as else {})}
 
 
 def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: int | None) -> int:
@@ -117,6 +122,8 @@ def run_settings(lm: Any, input_ids: list[int], runs: list[tuple[EvalSetting, An
         made = generate_settings(lm, prefill, caches, max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
         for i, gen in zip(together, made, strict=True):
             out[i] = _measured(lm, gen.result, gen.seconds + prefill.seconds, True, gen.batch_settings)
+            if gen.twin is not None:         # keeps exactly what an earlier setting keeps: generated once
+                out[i] = replace(out[i], same_cache_as=runs[together[gen.twin]][0].label)
     for i, (setting, budget) in enumerate(runs):
         if out[i] is None:
             out[i] = run_setting(lm, input_ids, setting, budget, max_new_tokens, question_span=question_span,

@@ -53,14 +53,18 @@ class SettingGeneration:
         (sequences, answers, its own cache).
     seconds
         Building its cache from the prefill plus its share of the decode it was part of (the decode's wall
-        time over its rows' settings); the prompt forward is not included.
+        time over the caches in it, shared again among twins); the prompt forward is not included.
     batch_settings
-        Settings decoded in the same batch (1: alone).
+        Caches decoded in the same batch (1: alone).
+    twin
+        The index of an earlier setting whose cache keeps exactly what this one keeps (:func:`same_caches`):
+        the answer and the cache are that setting's, and the time is shared with it. ``None`` otherwise.
     """
 
     result: GenerationResult
     seconds: float
     batch_settings: int
+    twin: int | None = None
 
 
 def decode_batches(caches: list[CompressedCache]) -> list[list[int]]:
@@ -107,16 +111,19 @@ def generate_settings(model: Any, prefill: RecordedPrefill, settings: list[Cache
     stop_rule = (tokenizer, ids.shape[1], generation_eos_ids(hf_model, tokenizer), stop_at_line)
     out: list[SettingGeneration | None] = [None] * len(settings)
     with headprobe_attention(hf_model):           # refuses a model the cache cannot run, first
-        caches, build_seconds = [], []
-        for s in settings:
+        caches = [new_cache(model, s.policy, s.budget, s.ratio, s.capacity, s.policy_options, max_new_tokens, mask)
+                  for s in settings]
+        twin = same_caches(caches, mask.long().sum(1)) if batched else list(range(len(caches)))
+        unique = [i for i, t in enumerate(twin) if t == i]
+        build_seconds = {}
+        for i in unique:
             begin = time.perf_counter()
-            cache = new_cache(model, s.policy, s.budget, s.ratio, s.capacity, s.policy_options, max_new_tokens, mask)
-            cache.compress_prompt(prefill.layers)
-            caches.append(cache)
-            build_seconds.append(time.perf_counter() - begin)
+            caches[i].compress_prompt(prefill.layers)
+            build_seconds[i] = time.perf_counter() - begin
         probe = AnswerStop(*stop_rule)
         ended = max_new_tokens == 1 or all(probe.row_done(row) for row in start)
-        for group in decode_batches(caches) if batched else [[i] for i in range(len(caches))]:
+        groups = decode_batches([caches[i] for i in unique]) if batched else [[k] for k in range(len(unique))]
+        for group in ([unique[k] for k in g] for g in groups):
             begin = time.perf_counter()
             members = [caches[i] for i in group]
             if ended:
@@ -130,7 +137,35 @@ def generate_settings(model: Any, prefill: RecordedPrefill, settings: list[Cache
             for i, seq in zip(group, sequences, strict=True):
                 out[i] = SettingGeneration(finish(tokenizer, seq, ids.shape[1], caches[i]),
                                            build_seconds[i] + share, len(group))
-    return out
+    return _share_twins(out, twin)
+
+
+def same_caches(caches: list[CompressedCache], prompt_lengths: torch.Tensor) -> list[int]:
+    """Per cache, the first cache that keeps exactly what it keeps (itself when none before it does): the
+    same policy with the same options (sliding layers' too) and the same resolved per-head budgets. Settings
+    that differ only in how their budgets were written (a capacity, a uniform map, an allocation that
+    clamps to the same budgets) then compress and decode once."""
+    first: dict[tuple[Any, ...], int] = {}
+    twin = []
+    for i, cache in enumerate(caches):
+        budgets = cache.budget.resolve(cache.shape, prompt_lengths, cache.policy)
+        key = (repr(cache.policy), repr(cache.sliding_policy), tuple(budgets.shape),
+               budgets.cpu().numpy().tobytes())
+        twin.append(first.setdefault(key, i))
+    return twin
+
+
+def _share_twins(out: list[SettingGeneration | None], twin: list[int]) -> list[SettingGeneration]:
+    """Give every setting whose cache is another's twin that one's result; the time is shared among them."""
+    copies: dict[int, int] = {}
+    for t in twin:
+        copies[t] = copies.get(t, 0) + 1
+    done = []
+    for i, t in enumerate(twin):
+        made = out[t]
+        done.append(SettingGeneration(made.result, made.seconds / copies[t], made.batch_settings, twin=t if t != i
+                                      else None))
+    return done
 
 
 def _decode_stacked(hf_model: Any, tokenizer: Any, caches: list[CompressedCache], start: torch.Tensor,

@@ -177,3 +177,23 @@ def test_stop_at_line_ends_generation_at_the_first_line(tiny_llama):
         want = generate_from_prefill(lm, rec, tokenizer=tok, policy=s.policy, capacity=s.capacity,
                                      max_new_tokens=12, stop_at_line=True)
         assert_same(got.result, want, s)
+
+
+def test_settings_that_keep_the_same_tokens_compress_and_decode_once(tiny_llama):
+    """A capacity and a budget map of the same per-head budgets are one cache: the second setting gets the
+    first one's answer and cache (and half the time each), and both equal their settings alone."""
+    lm = tiny_llama
+    ident = lm.identity
+    uniform = BudgetMap(model=ident, method={"allocator": "test"},
+                        shares=[[1 / (ident.num_layers * ident.num_kv_heads)] * ident.num_kv_heads] * ident.num_layers,
+                        budgets=[[12] * ident.num_kv_heads] * ident.num_layers)
+    enc = lm.tokenizer(PROMPTS[:1], return_tensors="pt")
+    rec = record_prefill(lm, input_ids=enc["input_ids"])
+    settings = [CacheSetting("snapkv", capacity=12), CacheSetting("snapkv", capacity=16),
+                CacheSetting("snapkv", budget=uniform), CacheSetting("snapkv", capacity=12, policy_options={"window": 4})]
+    got = generate_settings(lm, rec, settings, max_new_tokens=10)
+    assert [g.twin for g in got] == [None, None, 0, None]          # other options: another cache
+    assert got[2].result is got[0].result and got[2].seconds == got[0].seconds
+    assert [g.batch_settings for g in got] == [3, 3, 3, 3]             # three distinct caches in the batch
+    for s, g in zip(settings, got, strict=True):
+        assert_same(g.result, alone(lm, rec, s, 10), s)
