@@ -3,7 +3,7 @@
 Usage::
 
     python benchmarks/bench_batched_decode.py [--model smollm2-135m] [--tokens 2000] [--settings 1 6 28 64]
-        [--new 32] [--repeats 2]
+        [--new 32] [--repeats 2] [--threads N]
 
 One recorded prefill of a ~``--tokens`` haystack prompt (``record_prefill``); then, for each N, the N
 settings (SnapKV at N capacities spread between 64 and the prompt, append-only, so they share one batch)
@@ -55,7 +55,10 @@ def main() -> None:
     ap.add_argument("--settings", nargs="+", type=int, default=[1, 6, 28, 64])
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     lm = headprobe.load_model(args.model)
     ids = haystack_ids(lm, args.tokens)
     rec = record_prefill(lm, input_ids=ids)

@@ -4,7 +4,7 @@ setting and scored by LongBench's QA token-F1."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -82,10 +82,8 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     :class:`~headprobe.eval.answer_tasks.LongBenchQA` (what follows), RULER's is
     :class:`~headprobe.eval.ruler_task.RulerTask`.
 
-    The plain prompt form scores the response's first line (:func:`~headprobe.eval.answer_scores.answer_text`;
-    the result's task records ``"scored": "first line"``), the chat form the whole response.
-
-    Each answer is generated and measured like a grid trial (:func:`~headprobe.eval.setting_run.run_setting`),
+    The plain prompt form scores the response's first line (the task records ``"scored": "first line"``), and
+    an answer stops there; the chat form scores the whole response. Each answer is generated and measured like a grid trial (:func:`~headprobe.eval.setting_run.run_setting`),
     and the cells are logged the grid's way (:class:`~headprobe.eval.cell_log.CellLog`); a resumed run skips
     the settings already logged. When more than one setting left to run prefills with plain attention (and
     ``share_prefill``), examples are outer and settings inner, and one recorded prompt forward per example
@@ -105,25 +103,16 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     """
     from ..limits import check_count
     from .runner import resolve_budgets, shares_prefill
-
     answer_task = answer_task or LongBenchQA()
     check_count("max_new_tokens", max_new_tokens)
     check_count("max_length", max_length)
-    for s in settings:
-        if s.question_window:
-            raise HeadprobeError(f"setting {s.label}: window=question needs a prompt whose question the harness "
-                                 "placed (the needle, babi or longgen task); give a window in tokens")
+    _check_windows(settings)
     budgets = resolve_budgets(lm, settings)
     prompts = [answer_task.prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     spans = _question_spans(lm, examples, prompts, settings, answer_task, chat_template)
     form = prompt_format_of(lm.tokenizer, chat_template)
-    task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
-            "max_length": max_length}
-    task.update(answer_task.task_record(form))
-    cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
-                    {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens, "prompt_format": form},
-                    resume=resume, force=force, figures=figures)
-    cells.result.extra["prompt_format"] = form
+    cells = _dataset_log(lm, out, examples, settings, dataset_name, max_length, max_new_tokens, form, answer_task,
+                         resume, force, figures)
     with cells:
         pending = [s for s in settings if not cells.resumed(cell_id(s, max_length, None))]
         if progress and len(pending) < len(settings):
@@ -134,15 +123,46 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                                               form, progress, answer_task, spans))
         else:
             for s in pending:
-                trials = []
-                for ex, ids, span in zip(examples, prompts, spans, strict=True):
-                    run = run_setting(lm, ids, s, budgets[s.label], answer_task.new_tokens(ex, max_new_tokens),
-                                      question_span=span, stop_at_line=stop_at_line)
-                    trials.append(_trial(ex, ids, run, form, answer_task))
-                    if progress:
-                        progress(1)
+                trials = [_trial(ex, ids, run, form, answer_task) for ex, ids, run in
+                          _answers_of(lm, s, budgets[s.label], examples, prompts, spans, answer_task, max_new_tokens,
+                                      stop_at_line, progress)]
                 cells.add([cell_record(s, max_length, None, trials)])
         return cells.finish()
+
+
+def _dataset_log(lm: Any, out: str | Path, examples: list[QAExample], settings: list[EvalSetting],
+                 dataset_name: str, max_length: int, max_new_tokens: int, form: str, answer_task: Any,
+                 resume: bool, force: bool, figures: Sequence[str | Path]) -> CellLog:
+    """The run's :class:`~headprobe.eval.cell_log.CellLog`: the task block (dataset, scorer, what is scored)
+    and what a resumed run must share."""
+    task = {"kind": "dataset", "dataset": dataset_name, "scorer": "f1", "examples": len(examples),
+            "max_length": max_length}
+    task.update(answer_task.task_record(form))
+    cells = CellLog(lm, out, task, {"lengths": [max_length], "depths": [None]}, settings,
+                    {"items": [e.id for e in examples], "max_new_tokens": max_new_tokens, "prompt_format": form},
+                    resume=resume, force=force, figures=figures)
+    cells.result.extra["prompt_format"] = form
+    return cells
+
+
+def _check_windows(settings: list[EvalSetting]) -> None:
+    """Refuse a question window: a dataset's prompt does not say where its question is."""
+    for s in settings:
+        if s.question_window:
+            raise HeadprobeError(f"setting {s.label}: window=question needs a prompt whose question the harness "
+                                 "placed (the needle, babi or longgen task); give a window in tokens")
+
+
+def _answers_of(lm: Any, setting: EvalSetting, budget: Any, examples: list[QAExample], prompts: list[list[int]],
+                spans: list[tuple[int, int] | None], answer_task: Any, max_new_tokens: int, stop_at_line: bool,
+                progress: Callable[[int], None] | None) -> Iterator[tuple[QAExample, list[int], Any]]:
+    """Each example answered under one setting alone (prompt forward included): ``(example, ids, run)``."""
+    for ex, ids, span in zip(examples, prompts, spans, strict=True):
+        run = run_setting(lm, ids, setting, budget, answer_task.new_tokens(ex, max_new_tokens),
+                          question_span=span, stop_at_line=stop_at_line)
+        if progress:
+            progress(1)
+        yield ex, ids, run
 
 
 def _question_spans(lm: Any, examples: list[Any], prompts: list[list[int]], settings: list[EvalSetting],

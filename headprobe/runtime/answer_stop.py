@@ -47,15 +47,20 @@ class AnswerStop(StoppingCriteria):
     groups
         ``(first_row, rows)`` per group; ``on_finish(first_row, rows)`` is called once when all of a group's
         rows are done, and :attr:`finished` records the sequence length at that step.
+    pause_after
+        End the whole ``generate`` call once this many groups have finished (:attr:`paused` says so), so
+        that the caller can go on without them; the rows not done are not marked done.
     """
 
     def __init__(self, tokenizer: Any, answer_start: int, eos: set[int], first_line: bool = False,
                  groups: list[tuple[int, int]] | None = None,
-                 on_finish: Callable[[int, int], None] | None = None) -> None:
+                 on_finish: Callable[[int, int], None] | None = None, pause_after: int | None = None) -> None:
         if first_line and tokenizer is None:
             raise HeadprobeError("stopping at the answer's first line needs the tokenizer")
         self.tokenizer, self.answer_start, self.eos = tokenizer, answer_start, set(eos)
         self.first_line, self.groups, self.on_finish = first_line, groups or [], on_finish
+        self.pause_after = pause_after
+        self.paused = False
         self.done: list[bool] | None = None
         #: group index -> sequence length (prompt and answer) when its rows were all done
         self.finished: dict[int, int] = {}
@@ -83,6 +88,9 @@ class AnswerStop(StoppingCriteria):
                 self.finished[g] = input_ids.shape[1]
                 if self.on_finish is not None:
                     self.on_finish(first, rows)
+        if self.pause_after is not None and len(self.finished) >= self.pause_after and not all(self.done):
+            self.paused = True
+            return torch.ones(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
 
@@ -95,29 +103,30 @@ def decode_rest(hf_model: Any, tokenizer: Any, cache: Any, sequences: torch.Tens
     cache
         A :class:`~headprobe.runtime.cache.CompressedCache` holding the prompt.
     sequences
-        ``[batch, prompt_len + 1]`` the prompt and the first token.
+        ``[batch, prompt_len + k]`` the prompt and the first ``k >= 1`` tokens (the cache holds all but the
+        last).
     mask
         ``[batch, prompt_len]`` the prompt's attention mask.
     stop
-        The criterion (with ``answer_start = prompt_len``); rows whose first token already ended the answer
-        are padded after it, as generate pads a finished row.
+        The criterion (with ``answer_start = prompt_len``); rows whose last given token already ended the
+        answer are padded after it, as generate pads a finished row.
 
     Returns
     -------
     torch.Tensor
-        ``[batch, prompt_len + 1 + generated]``.
+        ``[batch, prompt_len + k + generated]``.
     """
-    first = sequences[:, -1:]
+    answered = sequences[:, mask.shape[1]:]
     kwargs = {"do_sample": False, "max_new_tokens": new, **generate_kwargs}
     if tokenizer is not None and tokenizer.pad_token_id is not None:
         kwargs.setdefault("pad_token_id", tokenizer.pad_token_id)
     kwargs["stopping_criteria"] = StoppingCriteriaList([stop, *(kwargs.get("stopping_criteria") or [])])
-    prompt_len = mask.shape[1]
+    given = sequences.shape[1]
     first_done = torch.tensor([stop.row_done(row) for row in sequences], device=sequences.device)
-    sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(first)], 1),
+    sequences = hf_model.generate(input_ids=sequences, attention_mask=torch.cat([mask, torch.ones_like(answered)], 1),
                                   **with_cache(hf_model, cache), **kwargs)
     pad = kwargs.get("pad_token_id")
     if bool(first_done.any()) and pad is not None:
-        sequences[first_done, prompt_len + 1:] = pad
+        sequences[first_done, given:] = pad
     cache.check_attended()
     return sequences

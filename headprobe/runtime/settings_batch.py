@@ -172,14 +172,31 @@ def _decode_stacked(hf_model: Any, tokenizer: Any, caches: list[CompressedCache]
                     mask: torch.Tensor, max_new_tokens: int, stop_rule: tuple[Any, ...]) -> list[torch.Tensor]:
     """Decode ``caches`` (one decode key) as the rows of one stacked cache; gives each cache its rows back
     as they stand when its own rows finished. Returns each cache's sequences ``[batch, columns]``, as long as
-    its own decode would have made them."""
-    rows = start.shape[0]
-    merged = CompressedCache.stack(caches)
-    groups = [(k * rows, rows) for k in range(len(caches))]
-    stop = AnswerStop(*stop_rule, groups=groups, on_finish=merged.freeze_rows)
-    n = len(caches)
-    sequences = decode_rest(hf_model, tokenizer, merged, start.repeat(n, 1), mask.repeat(n, 1), max_new_tokens - 1,
-                            {}, stop)
-    lengths = [stop.finished.get(k, sequences.shape[1]) for k in range(n)]
-    merged.unstack(caches, [length - 1 if k in stop.finished else None for k, length in enumerate(lengths)])
-    return [sequences[k * rows:(k + 1) * rows, :lengths[k]] for k in range(n)]
+    its own decode would have made them.
+
+    Finished rows leave the batch: ``generate`` pauses once half of the settings still decoding have finished
+    (:class:`AnswerStop` ``pause_after``), the finished ones take their rows back, the others are stacked again
+    and decode on from where they stood (the cache holds every token but the last, as ``generate`` leaves it).
+    """
+    rows, limit = start.shape[0], start.shape[1] + max_new_tokens - 1
+    active = list(range(len(caches)))
+    sequences = start.repeat(len(caches), 1)
+    done: dict[int, torch.Tensor] = {}
+    while active:
+        merged = CompressedCache.stack([caches[k] for k in active])
+        groups = [(j * rows, rows) for j in range(len(active))]
+        stop = AnswerStop(*stop_rule, groups=groups, on_finish=merged.freeze_rows,
+                          pause_after=(len(active) + 1) // 2 if len(active) > 1 else None)
+        sequences = decode_rest(hf_model, tokenizer, merged, sequences, mask.repeat(len(active), 1),
+                                limit - sequences.shape[1], {}, stop)
+        ended = not stop.paused or sequences.shape[1] >= limit
+        lengths = [stop.finished.get(j, sequences.shape[1]) for j in range(len(active))]
+        finished = [j for j in range(len(active)) if ended or j in stop.finished]
+        merged.unstack([caches[k] for k in active],
+                       [lengths[j] - 1 if j in stop.finished else None for j in range(len(active))])
+        for j in finished:
+            done[active[j]] = sequences[j * rows:(j + 1) * rows, :lengths[j]]
+        going = [j for j in range(len(active)) if j not in finished]
+        sequences = torch.cat([sequences[j * rows:(j + 1) * rows] for j in going]) if going else sequences
+        active = [active[j] for j in going]
+    return [done[k] for k in range(len(caches))]

@@ -119,7 +119,7 @@ class LayerStore:
                 raise ValueError("stack_rows: the stores differ in KV heads, head size, dtype or device")
         self.batch, self.kv_heads, self.head_dim = sum(s.batch for s in stores), first.kv_heads, first.head_dim
         self._layout(np.concatenate([s._host_capacity for s in stores]), first._keys.dtype, first._keys.device,
-                     votes=False)
+                     votes=False, zeroed=False)          # every segment row is copied next
         base = 0
         for s in stores:                                  # every source's segments, back to back
             rows = s._spare
@@ -151,7 +151,7 @@ class LayerStore:
         start = int(source._host_capacity[: first * h].sum())
         self.batch, self.kv_heads, self.head_dim = count, h, source.head_dim
         self._layout(source._host_capacity[seg].copy(), source._keys.dtype, source._keys.device,
-                     votes=source._log_votes is not None)
+                     votes=source._log_votes is not None, zeroed=False)
         rows = self._spare
         self._keys[:rows] = source._keys[start:start + rows]
         self._values[:rows] = source._values[start:start + rows]
@@ -184,8 +184,9 @@ class LayerStore:
         return self._keys is not None
 
     def _layout(self, capacity: torch.Tensor | np.ndarray, dtype: torch.dtype, device: torch.device,
-                votes: bool) -> None:
-        """Fresh zeroed buffers and segment metadata for ``capacity`` (``[segments]``)."""
+                votes: bool, zeroed: bool = True) -> None:
+        """Fresh zeroed buffers and segment metadata for ``capacity`` (``[segments]``); with ``zeroed=False``
+        only the spare row is set (the caller writes every segment row next)."""
         host = host_array(capacity).reshape(-1)
         self._host_capacity = host
         self._capacity = torch.from_numpy(host.copy()).to(device)
@@ -193,10 +194,14 @@ class LayerStore:
         self._spare = int(host.sum())
         rows = self._spare + 1
         # Zeroed: unused slots are read (masked) by the strided view, and must never hold NaN.
-        self._keys = torch.zeros(rows, self.head_dim, dtype=dtype, device=device)
-        self._values = torch.zeros(rows, self.head_dim, dtype=dtype, device=device)
+        make = torch.zeros if zeroed else torch.empty
+        self._keys = make(rows, self.head_dim, dtype=dtype, device=device)
+        self._values = make(rows, self.head_dim, dtype=dtype, device=device)
         self._positions = torch.full((rows,), -1, dtype=torch.int32, device=device)
         self._log_votes = torch.zeros(rows, dtype=torch.float32, device=device) if votes else None
+        if not zeroed:
+            self._keys[self._spare] = 0
+            self._values[self._spare] = 0
 
     # ---- sizes -----------------------------------------------------------------------------------
 
@@ -283,40 +288,82 @@ class LayerStore:
 
     # ---- views -----------------------------------------------------------------------------------
 
-    def view_index(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Padded gather index of the stored pairs.
+    def view_index(self, first: int = 0, last: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Padded gather index of the stored pairs of segments ``first .. last - 1`` (default: all).
 
         Returns
         -------
         index, valid
-            ``[segments, max_len]`` flat row index (the spare row where ``valid`` is False) and
-            ``[segments, max_len]`` bool.
+            ``[segments, width]`` flat row index (the spare row where ``valid`` is False) and
+            ``[segments, width]`` bool; ``width`` is :func:`view_width` of the longest of those segments.
         """
-        width = max(self.max_length(), 1)
+        last = self.segments if last is None else last
+        host = self._host_lengths[first:last]
+        return self._index(torch.arange(first, last, device=self._lengths.device),
+                           view_width(int(host.max()) if host.size else 0))
+
+    def _index(self, segments: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
         ar = torch.arange(width, device=self._lengths.device)
-        valid = ar[None, :] < self._lengths[:, None]
-        index = torch.where(valid, self._offsets[:, None] + ar[None, :], self._spare)
-        return index, valid
+        valid = ar[None, :] < self._lengths[segments, None]
+        return torch.where(valid, self._offsets[segments, None] + ar[None, :], self._spare), valid
 
     def padded(self) -> dict[str, torch.Tensor]:
-        """Keys, values, positions, votes and mask as ``[segments, max_len, ...]`` tensors, to read.
+        """Keys, values, positions, votes and mask as ``[segments, width, ...]`` tensors, to read.
 
         ``index`` (the flat row of each entry) addresses the per-pair state (:meth:`pair_state`). When every
         segment has the same capacity the tensors are views of the buffers, so they are read, not written.
         """
+        return self._padded(0, self.segments)
+
+    def padded_positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[segments, width]`` positions and valid mask of the stored pairs (a gather of the positions
+        only, where :meth:`padded` would gather keys and values too)."""
         index, valid = self.view_index()
+        return self._positions[index].long(), valid
+
+    def rows_differ(self) -> bool:
+        """Whether the batch rows' padded views differ (other capacities or other widths: rows of a stacked
+        cache with other budgets), so that one view of all rows would pad every row to the longest."""
+        if self.batch < 2:
+            return False
+        return bool((self._host_capacity != self._host_capacity[0]).any()) or len(set(self.row_widths())) > 1
+
+    def row_widths(self) -> np.ndarray:
+        """``[batch]`` the :func:`view_width` of each batch row's longest segment (from the host mirror)."""
+        longest = self._host_lengths.reshape(self.batch, self.kv_heads).max(1) if self.segments else \
+            np.zeros(self.batch, dtype=np.int64)
+        return np.array([view_width(int(n)) for n in longest], dtype=np.int64)
+
+    def rows_padded(self, rows: list[int], width: int) -> dict[str, torch.Tensor]:
+        """:meth:`padded` of some batch rows' segments at ``width`` (``[rows · kv_heads, width, ...]``): for
+        rows whose :meth:`row_widths` is ``width``, the same values and shapes a store holding only that row
+        gives, so the attention of those rows is the attention of each alone."""
+        h = self.kv_heads
+        if len(rows) == 1:           # one row: a strided view where its capacities allow, as alone
+            return self._padded(rows[0] * h, (rows[0] + 1) * h)
+        segments = torch.tensor([r * h + k for r in rows for k in range(h)], device=self._lengths.device)
+        index, valid = self._index(segments, width)
+        return self._gathered(index, valid)
+
+    def _padded(self, first: int, last: int) -> dict[str, torch.Tensor]:
+        index, valid = self.view_index(first, last)
         width = index.shape[1]
-        cap = int(self._host_capacity[0]) if self._host_capacity.size else 0
-        if cap >= width and bool((self._host_capacity == cap).all()):
+        caps = self._host_capacity[first:last]
+        cap = int(caps[0]) if caps.size else 0
+        if cap >= width and bool((caps == cap).all()):
             # Equal capacities: the segments are a strided view of the flat buffer, no gather needed.
-            seg = self.segments
+            seg, start = last - first, int(self._host_capacity[:first].sum())
+            rows = slice(start, start + seg * cap)
             out = {"index": index, "valid": valid,
-                   "keys": self._keys[: seg * cap].view(seg, cap, -1)[:, :width],
-                   "values": self._values[: seg * cap].view(seg, cap, -1)[:, :width],
-                   "positions": self._positions[: seg * cap].view(seg, cap)[:, :width].long()}
+                   "keys": self._keys[rows].view(seg, cap, -1)[:, :width],
+                   "values": self._values[rows].view(seg, cap, -1)[:, :width],
+                   "positions": self._positions[rows].view(seg, cap)[:, :width].long()}
             if self._log_votes is not None:
-                out["log_votes"] = self._log_votes[: seg * cap].view(seg, cap)[:, :width]
+                out["log_votes"] = self._log_votes[rows].view(seg, cap)[:, :width]
             return out
+        return self._gathered(index, valid)
+
+    def _gathered(self, index: torch.Tensor, valid: torch.Tensor) -> dict[str, torch.Tensor]:
         out = {"index": index, "valid": valid, "keys": self._keys[index], "values": self._values[index],
                "positions": self._positions[index].long()}
         if self._log_votes is not None:
@@ -565,6 +612,17 @@ class LayerStore:
 
     def _track_peak(self) -> None:
         torch.maximum(self._peak, self._lengths, out=self._peak)
+
+
+#: The padded views of the store are this many columns wide, rounded up (so that rows of a stacked cache
+#: with close lengths share a width, and each row's attention has the shapes it has alone).
+VIEW_WIDTH_STEP = 32
+
+
+def view_width(longest: int) -> int:
+    """Columns of a padded view whose longest segment holds ``longest`` pairs: rounded up to
+    :data:`VIEW_WIDTH_STEP`, at least one step."""
+    return max(-(-longest // VIEW_WIDTH_STEP), 1) * VIEW_WIDTH_STEP
 
 
 def host_array(x: torch.Tensor | np.ndarray | int) -> np.ndarray:

@@ -594,40 +594,13 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     sels, allocs = selections(space), allocations(space, profiles)
     calibration = list(request.split.calibration)
 
-    stage1 = []
-    for cap in request.capacities:
-        race = Race(cap, [])
-        generated = dedupe([candidate(s, UNIFORM, cap) for s in sels])
-        race.candidates = _checked(lm, request, generated, windows, race.skipped)
-        race.origin = {c.label: "generated" for c in race.candidates}
-        if not race.candidates:
-            raise HeadprobeError(f"capacity {cap}: no selection of the space can run ("
-                                 + "; ".join(f"{k}: {v}" for k, v in list(race.skipped.items())[:2]) + ")")
-        stage1.append(race)
+    stage1 = [_selection_race(lm, request, cap, sels, windows) for cap in request.capacities]
     runs.start_total(plan_trials(request, max(len(r.candidates) for r in stage1), count_candidates(space, profiles)[1]))
     _run_races(runs, "selection", stage1, calibration, rule)
-
-    stage2 = []
-    for race1 in stage1:
-        cap = race1.capacity
-        best = race1.ranking()[:space.keep_selections]
-        by_label = {c.label: c for c in race1.candidates}
-        carried = [by_label[lab] for lab in best]
-        race = Race(cap, [])
-        seeds = preset_seeds(space, cap) if space.presets else []
-        generated = [candidate(selection_of(c), a, cap) for c in carried for a in allocs if a != UNIFORM]
-        pool = dedupe([*carried, *seeds, *generated])
-        origin = {c.label: "carried" for c in carried}
-        for seed in seeds:
-            origin.setdefault(seed.label, "preset")
-        ok = _checked(lm, request, [c for c in pool if origin.get(c.label) != "carried"], windows, race.skipped)
-        race.candidates = [c for c in pool if origin.get(c.label) == "carried" or c in ok]
-        race.origin = {c.label: origin.get(c.label, "generated") for c in race.candidates}
-        stage2.append(race)
+    stage2 = [_allocation_race(lm, request, race1, allocs, windows) for race1 in stage1]
     _run_races(runs, "allocation", stage2, calibration, rule)
     chosen = {race.capacity: next(c for c in race.candidates if c.label == race.final()[0].label) for race in stage2}
 
-    held = list(request.split.holdout)
     holdout_skipped: dict[str, str] = {}
     full = expand_settings(["full"], list(request.capacities))         # the full cache is always held out
     presets = _checked(lm, request, expand_settings(list(request.presets), list(request.capacities)), windows,
@@ -635,10 +608,48 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     holdout = dedupe([*full, *presets, *chosen.values()])
     same = {canonical(s): s.label for s in holdout}
     held_as = {cap: same[canonical(c)] for cap, c in chosen.items()}     # a preset's label when it is one
-    _ensure(runs, "holdout", holdout, held)
+    _ensure(runs, "holdout", holdout, list(request.split.holdout))
     runs.finish_total()
     return TuneOutcome(request, stage1, stage2, chosen, holdout, holdout_skipped, windows, runs.records, runs.store,
                        time.perf_counter() - wall, time.process_time() - cpu, held_as, runs.plan)
+
+
+def _selection_race(lm: Any, request: TuneRequest, cap: int, sels: Sequence[Any], windows: dict[str, int]) -> Race:
+    """The selection stage's race at capacity ``cap``: every selection with uniform budgets that can run.
+
+    Raises
+    ------
+    HeadprobeError
+        No selection of the space can run at ``cap``.
+    """
+    race = Race(cap, [])
+    generated = dedupe([candidate(s, UNIFORM, cap) for s in sels])
+    race.candidates = _checked(lm, request, generated, windows, race.skipped)
+    race.origin = {c.label: "generated" for c in race.candidates}
+    if not race.candidates:
+        raise HeadprobeError(f"capacity {cap}: no selection of the space can run ("
+                             + "; ".join(f"{k}: {v}" for k, v in list(race.skipped.items())[:2]) + ")")
+    return race
+
+
+def _allocation_race(lm: Any, request: TuneRequest, race1: Race, allocs: Sequence[Any],
+                     windows: dict[str, int]) -> Race:
+    """The allocation stage's race at ``race1``'s capacity: its best ``keep_selections`` selections (carried,
+    with their trials) crossed with every allocation, plus the preset candidates that can run."""
+    space, cap = request.space, race1.capacity
+    by_label = {c.label: c for c in race1.candidates}
+    carried = [by_label[lab] for lab in race1.ranking()[:space.keep_selections]]
+    race = Race(cap, [])
+    seeds = preset_seeds(space, cap) if space.presets else []
+    generated = [candidate(selection_of(c), a, cap) for c in carried for a in allocs if a != UNIFORM]
+    pool = dedupe([*carried, *seeds, *generated])
+    origin = {c.label: "carried" for c in carried}
+    for seed in seeds:
+        origin.setdefault(seed.label, "preset")
+    ok = _checked(lm, request, [c for c in pool if origin.get(c.label) != "carried"], windows, race.skipped)
+    race.candidates = [c for c in pool if origin.get(c.label) == "carried" or c in ok]
+    race.origin = {c.label: origin.get(c.label, "generated") for c in race.candidates}
+    return race
 
 
 __all__ = ("QUESTION_WINDOW", "Race", "TrialStore", "TuneOutcome", "TuneRequest", "TuneRuns", "TuneTask",

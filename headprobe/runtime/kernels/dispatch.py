@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import warnings
 from collections.abc import Callable
-from typing import NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
@@ -42,13 +42,21 @@ class RaggedBuffers(NamedTuple):
 
 class SegmentStore(Protocol):
     """What the attention reads of a layer's store (:class:`headprobe.runtime.store.LayerStore`): its
-    ``buffers()`` for the kernel, ``padded()`` (the per-segment padded view) for the PyTorch path."""
+    ``buffers()`` for the kernel, ``padded()`` (the per-segment padded view) for the PyTorch path, or the
+    views of the rows of one width (``row_widths``, ``rows_padded``) when rows differ (``rows_differ``)."""
 
+    batch: int
     kv_heads: int
 
     def buffers(self) -> RaggedBuffers: ...
 
     def padded(self) -> dict[str, torch.Tensor]: ...
+
+    def rows_differ(self) -> bool: ...
+
+    def row_widths(self) -> Any: ...
+
+    def rows_padded(self, rows: list[int], width: int) -> dict[str, torch.Tensor]: ...
 
 
 class TokenSelection(Protocol):
@@ -162,6 +170,12 @@ def compact(buffers: RaggedBuffers, keys: torch.Tensor, values: torch.Tensor, po
     return _first_launch("compaction", with_triton, with_torch)
 
 
+def _torch_attention(query: torch.Tensor, view: dict[str, torch.Tensor], query_positions: torch.Tensor,
+                     scaling: float, sliding_window: int | None, softcap: float | None) -> torch.Tensor:
+    return ragged_attention_torch(query, view["keys"], view["values"], view["positions"], view["valid"],
+                                  query_positions, scaling, sliding_window, softcap, view.get("log_votes"))
+
+
 def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: torch.Tensor, scaling: float,
                      sliding_window: int | None = None, softcap: float | None = None,
                      max_len: int | None = None) -> torch.Tensor:
@@ -174,9 +188,17 @@ def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: 
     """
 
     def with_torch() -> torch.Tensor:
-        view = store.padded()
-        return ragged_attention_torch(query, view["keys"], view["values"], view["positions"], view["valid"],
-                                      query_positions, scaling, sliding_window, softcap, view.get("log_votes"))
+        if not store.rows_differ():
+            return _torch_attention(query, store.padded(), query_positions, scaling, sliding_window, softcap)
+        # rows of other budgets (a stacked cache): the rows of one width attend together, each as it would alone
+        widths = store.row_widths()
+        out = torch.empty_like(query)
+        for width in sorted(set(widths.tolist())):
+            rows = [b for b in range(store.batch) if widths[b] == width]
+            pick = torch.tensor(rows, device=query.device)
+            out[pick] = _torch_attention(query[pick], store.rows_padded(rows, width), query_positions[pick],
+                                         scaling, sliding_window, softcap)
+        return out
 
     if query.shape[2] != 1 or softcap or not _use_triton(query.device):
         return with_torch()

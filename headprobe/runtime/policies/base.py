@@ -217,8 +217,8 @@ def evict_oldest(ctx: LayerContext, protect_first: int) -> None:
     full, host_full = store.at_limit()
     if not host_full.any():
         return
-    view = store.padded()
-    pos = view["positions"].masked_fill(~view["valid"], 1 << 60)
+    positions, valid = store.padded_positions()
+    pos = positions.masked_fill(~valid, 1 << 60)
     pos = pos.masked_fill(pos < protect_first, 1 << 60)
     store.remove(pos.argmin(1), full, host_full)
 
