@@ -296,7 +296,7 @@ class CompressedCache(Cache):
 
         The rows keep their own pairs, budgets, padding and decode room, so decoding the stacked cache
         changes each row exactly as decoding its own cache would (the caches must share a
-        :meth:`decode_key`). The sources' stores are emptied; :meth:`unstack` gives the rows back.
+        :meth:`decode_key`). The sources' stores are emptied; :meth:`give_rows` gives the rows back.
 
         Raises
         ------
@@ -325,20 +325,28 @@ class CompressedCache(Cache):
                 c.layers[i].release()
         return merged
 
-    def unstack(self, caches: list[CompressedCache], seen: list[int | None] | None = None) -> None:
-        """Give the rows of a stacked cache (:meth:`stack`) back to ``caches`` (the same list, in order).
+    def give_rows(self, cache: CompressedCache, first: int, seen: int | None = None) -> None:
+        """Give ``cache`` (one of the caches :meth:`stack` took) its rows back: the batch rows
+        ``first .. first + cache's rows - 1`` of this cache, as they stand now; ``seen`` is the tokens the
+        rows had taken when they finished (default: this cache's)."""
+        rows = cache.pad.shape[0]
+        for i, layer in enumerate(cache.layers):
+            layer.take_rows(self.layers[i], first, rows)
+            layer.seen = self.layers[i].seen if seen is None else seen
 
-        ``seen``: per cache, the tokens it had taken when its rows stopped (:meth:`freeze_rows`); ``None``
-        for one that decoded to the end.
-        """
-        row = 0
-        for k, cache in enumerate(caches):
-            rows = cache.pad.shape[0]
-            for i, layer in enumerate(cache.layers):
-                layer.take_rows(self.layers[i], row, rows)
-                stopped = seen[k] if seen is not None else None
-                layer.seen = self.layers[i].seen if stopped is None else stopped
-            row += rows
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only the batch rows ``rows`` (in that order): the finished rows of a stacked cache leave it,
+        the others decode on as before (their pairs copied once into new buffers, layer by layer)."""
+        pick = torch.tensor(rows, dtype=torch.long)
+        self.pad = self.pad[pick.to(self.pad.device)]
+        self.prompt_lengths = self.prompt_lengths[pick.to(self.prompt_lengths.device)]
+        self.budgets = self.budgets[pick.to(self.budgets.device)]
+        self._budgets_on = {self.budgets.device: self.budgets}
+        h = self.num_kv_heads
+        segs = np.concatenate([np.arange(r * h, (r + 1) * h) for r in rows])
+        self._host_budgets = [b[segs] for b in self._host_budgets]
+        for layer in self.layers:
+            layer.keep_rows(rows)
 
     def freeze_rows(self, first: int, count: int) -> None:
         """Rows ``first .. first + count - 1`` have finished: from now on every layer keeps them as they are."""

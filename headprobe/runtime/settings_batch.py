@@ -182,21 +182,24 @@ def _decode_stacked(hf_model: Any, tokenizer: Any, caches: list[CompressedCache]
     active = list(range(len(caches)))
     sequences = start.repeat(len(caches), 1)
     done: dict[int, torch.Tensor] = {}
+    merged = CompressedCache.stack(caches)
     while active:
-        merged = CompressedCache.stack([caches[k] for k in active])
         groups = [(j * rows, rows) for j in range(len(active))]
         stop = AnswerStop(*stop_rule, groups=groups, on_finish=merged.freeze_rows,
                           pause_after=(len(active) + 1) // 2 if len(active) > 1 else None)
         sequences = decode_rest(hf_model, tokenizer, merged, sequences, mask.repeat(len(active), 1),
                                 limit - sequences.shape[1], {}, stop)
         ended = not stop.paused or sequences.shape[1] >= limit
-        lengths = [stop.finished.get(j, sequences.shape[1]) for j in range(len(active))]
         finished = [j for j in range(len(active)) if ended or j in stop.finished]
-        merged.unstack([caches[k] for k in active],
-                       [lengths[j] - 1 if j in stop.finished else None for j in range(len(active))])
-        for j in finished:
-            done[active[j]] = sequences[j * rows:(j + 1) * rows, :lengths[j]]
+        for j in finished:                            # each finished setting takes its rows back
+            length = stop.finished.get(j, sequences.shape[1])
+            done[active[j]] = sequences[j * rows:(j + 1) * rows, :length]
+            merged.give_rows(caches[active[j]], j * rows, length - 1 if j in stop.finished else None)
         going = [j for j in range(len(active)) if j not in finished]
-        sequences = torch.cat([sequences[j * rows:(j + 1) * rows] for j in going]) if going else sequences
+        if going:                                     # the others decode on without them
+            merged.keep_rows([j * rows + r for j in going for r in range(rows)])
+            sequences = torch.cat([sequences[j * rows:(j + 1) * rows] for j in going])
         active = [active[j] for j in going]
+    for layer in merged.layers:
+        layer.release()
     return [done[k] for k in range(len(caches))]

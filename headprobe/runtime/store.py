@@ -156,6 +156,8 @@ class LayerStore:
         self._keys[:rows] = source._keys[start:start + rows]
         self._values[:rows] = source._values[start:start + rows]
         self._positions[:rows] = source._positions[start:start + rows]
+        if self._log_votes is not None:
+            self._log_votes[:rows] = source._log_votes[start:start + rows]
         self._lengths = source._lengths[seg].clone()
         self._host_lengths = source._host_lengths[seg].copy()
         self._peak = source._peak[seg].clone()
@@ -165,6 +167,32 @@ class LayerStore:
         self._limit = (source._limit[0][seg].clone(), source._limit[1][seg].copy()) if own else None
         self._frozen = None
         return self
+
+    def keep_rows(self, rows: list[int]) -> None:
+        """Keep only the batch rows ``rows`` (in that order), in new buffers: one copy of their pairs, the
+        others freed. Their segments keep capacity, length, peak, limit and frozen state."""
+        h = self.kv_heads
+        segs = np.concatenate([np.arange(r * h, (r + 1) * h) for r in rows]) if rows else np.zeros(0, np.int64)
+        starts = np.cumsum(self._host_capacity) - self._host_capacity
+        blocks = [(int(starts[r * h]), int(self._host_capacity[r * h:(r + 1) * h].sum())) for r in rows]
+        keys, values, positions = self._keys, self._values, self._positions
+        pick = torch.from_numpy(segs).to(self._capacity.device)
+        lengths, peak = self._lengths[pick], self._peak[pick]
+        limit = None if self._limit is None else (self._limit[0][pick], self._limit[1][segs].copy())
+        frozen = None if self._frozen is None else self._frozen[1][segs]
+        host_lengths = self._host_lengths[segs].copy()
+        self.batch = len(rows)
+        self._layout(self._host_capacity[segs].copy(), keys.dtype, keys.device, votes=False, zeroed=False)
+        at = 0
+        for start, size in blocks:                  # each row's segments are one block, in order
+            self._keys[at:at + size] = keys[start:start + size]
+            self._values[at:at + size] = values[start:start + size]
+            self._positions[at:at + size] = positions[start:start + size]
+            at += size
+        self._lengths, self._host_lengths, self._peak, self._limit = lengths, host_lengths, peak, limit
+        self._frozen = None
+        if frozen is not None and frozen.any():
+            self.freeze(frozen)
 
     def freeze_rows(self, first: int, count: int) -> None:
         """:meth:`freeze` the segments of batch rows ``first .. first + count - 1`` too."""
@@ -614,15 +642,21 @@ class LayerStore:
         torch.maximum(self._peak, self._lengths, out=self._peak)
 
 
-#: The padded views of the store are this many columns wide, rounded up (so that rows of a stacked cache
-#: with close lengths share a width, and each row's attention has the shapes it has alone).
+#: The padded views of the store are rounded up to at least this many columns (so that rows of a stacked
+#: cache with close lengths share a width, and each row's attention has the shapes it has alone).
 VIEW_WIDTH_STEP = 32
 
 
 def view_width(longest: int) -> int:
-    """Columns of a padded view whose longest segment holds ``longest`` pairs: rounded up to
-    :data:`VIEW_WIDTH_STEP`, at least one step."""
-    return max(-(-longest // VIEW_WIDTH_STEP), 1) * VIEW_WIDTH_STEP
+    """Columns of a padded view whose longest segment holds ``longest`` pairs: rounded up to a step of
+    :data:`VIEW_WIDTH_STEP`, or an eighth of the next power of two when that is more (at most a quarter of
+    padding), at least one step.
+
+    >>> [view_width(n) for n in (0, 1, 32, 33, 256, 257, 1000, 2000)]
+    [32, 32, 32, 64, 256, 320, 1024, 2048]
+    """
+    step = max(VIEW_WIDTH_STEP, (1 << max(longest - 1, 0).bit_length()) // 8)
+    return max(-(-longest // step), 1) * step
 
 
 def host_array(x: torch.Tensor | np.ndarray | int) -> np.ndarray:

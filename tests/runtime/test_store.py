@@ -144,3 +144,12 @@ def test_policies_change_their_store_only_through_its_verbs():
     planted = ast.parse("store.keys[rows] = x\nctx.store.lengths = y\nstore._keys.add_(1)\n")
     assert sorted((a, h) for a, _, h in _store_uses(planted)) == [("_keys", "read"), ("keys", "write"),
                                                                    ("lengths", "write")]
+
+
+def test_view_width_rounds_up_with_at_most_a_quarter_of_padding():
+    from headprobe.runtime.store import view_width
+
+    assert [view_width(n) for n in (0, 1, 32, 33, 256, 257, 1000, 2000)] == [32, 32, 32, 64, 256, 320, 1024, 2048]
+    for n in range(1, 5000):
+        w = view_width(n)
+        assert n <= w and (w - n < 32 or (w - n) / n <= 0.25) and w % 32 == 0
