@@ -394,6 +394,7 @@ class CompressedCache(Cache):
             keys, values, positions, valid = self.take_call(layer, rec.query, rec.sliding_window, rec.position_ids)
             policy, ctx = self._layer_context(layer, rec.query, keys, values, positions, valid, rec.scaling,
                                               rec.sliding_window, rec.softcap)
+            ctx.memo = getattr(rec, "memo", None)          # results shared by the caches of one record
             policy.compress(ctx)
             self._rebalance(policy, ctx)
 

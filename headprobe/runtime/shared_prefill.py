@@ -15,7 +15,7 @@ are refused rather than silently changed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -56,6 +56,9 @@ class RecordedLayer:
         As the model's attention passed them.
     position_ids
         ``[batch, n]`` the position ids the forward used (left padding inferred from them when no mask).
+    memo
+        What caches built from the record computed from this layer's tensors alone (SnapKV's window scores),
+        for the next cache (:attr:`~headprobe.runtime.policies.LayerContext.memo`).
     """
 
     layer_idx: int
@@ -66,6 +69,7 @@ class RecordedLayer:
     sliding_window: int | None
     softcap: float | None
     position_ids: torch.Tensor | None
+    memo: dict[Any, Any] = field(default_factory=dict)
 
 
 @dataclass

@@ -63,6 +63,10 @@ class LayerContext:
         As the model's attention passes them.
     shared
         The policy's cache-wide state (an instance of :attr:`Policy.cache_state`), ``None`` without one.
+    memo
+        Results computed from this call's tensors alone, kept for the next cache built from the same
+        recorded prompt (:mod:`headprobe.runtime.shared_prefill`): SnapKV's window scores are the same for
+        every capacity and budget, so settings of one prompt score it once. ``None`` in a live prefill.
     """
 
     layer_idx: int
@@ -81,6 +85,16 @@ class LayerContext:
     sliding_window: int | None = None
     softcap: float | None = None
     shared: Any = None
+    memo: dict[Any, Any] | None = None
+
+    def memoized(self, key: Any, compute: Any) -> Any:
+        """``compute()``, or what it returned for ``key`` on this recorded prompt before (see :attr:`memo`);
+        the result is shared, so it is read, never written in place."""
+        if self.memo is None:
+            return compute()
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
 
     @property
     def batch(self) -> int:

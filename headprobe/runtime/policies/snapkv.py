@@ -25,6 +25,11 @@ def window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str
     window's columns are cut off before pooling, so they do not raise the scores of the last tokens before
     it. The window's own columns hold their unpooled mean attention (every policy keeps the window).
     """
+    return ctx.memoized(("window_scores", window, kernel_size, pooling),
+                        lambda: _window_scores(ctx, window, kernel_size, pooling))
+
+
+def _window_scores(ctx: LayerContext, window: int, kernel_size: int, pooling: str) -> torch.Tensor:
     n = ctx.tokens
     w = min(window, n)
     rows = attention_rows(ctx.query[:, :, n - w:], ctx.keys, ctx.positions[:, n - w:], ctx.scaling,
