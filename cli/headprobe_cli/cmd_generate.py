@@ -19,7 +19,7 @@ from .common_args import (
 )
 
 if TYPE_CHECKING:
-    from headprobe.models.loading import LoadedModel
+    from headprobe import LoadedModel
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
 FLAGS = {"chat_template=False": "--no-chat", "spec": "--setting", "specs": "--setting"}

@@ -27,7 +27,7 @@ from .profile_summary import summary_lines
 from .progress import tqdm_progress
 
 if TYPE_CHECKING:
-    from headprobe.models.loading import LoadedModel
+    from headprobe import LoadedModel
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
 FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option",
