@@ -28,7 +28,7 @@ setting from its parts under such a label.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -411,6 +411,117 @@ def split_capacities(spec: str) -> tuple[str, list[int] | None]:
     return m.group(1).strip(), [int(c) for c in m.group(2).split(",")]
 
 
+@dataclass(frozen=True)
+class SettingSpec:
+    """One setting as written, parsed once, with the capacities pinned after its ``@``: what
+    :func:`parse_settings` returns and :func:`expand_specs` expands at capacities without parsing again.
+
+    Attributes
+    ----------
+    written
+        The setting as given (its ``@`` capacities included), as refusals name it.
+    parsed
+        Its parse (:func:`parse_setting`, without the ``@``).
+    pinned
+        The capacities pinned after ``@``; ``None`` when it pins none.
+    """
+
+    written: str
+    parsed: ParsedSetting
+    pinned: tuple[int, ...] | None = None
+
+    @property
+    def spec(self) -> str:
+        """The setting as written without its ``@`` capacities."""
+        return split_capacities(self.written)[0]
+
+
+def parse_spec(written: str, options: Mapping[str, Any] | None = None,
+               policies: tuple[str, ...] | None = None) -> SettingSpec:
+    """Parse one setting as written, ``@`` capacities included (:func:`parse_setting`, :func:`split_capacities`).
+
+    Raises
+    ------
+    HeadprobeError
+        A bad setting (:func:`parse_setting`).
+    """
+    spec, pinned = split_capacities(written)
+    return SettingSpec(written, parse_setting(spec, policies, options), None if pinned is None else tuple(pinned))
+
+
+def parse_settings(specs: Sequence[str], options: Mapping[str, Any] | None = None,
+                   policies: tuple[str, ...] | None = None) -> list[SettingSpec]:
+    """Parse settings as written once, at the edge; :func:`expand_specs` expands them at capacities.
+
+    Raises
+    ------
+    HeadprobeError
+        No settings, or a bad one (:func:`parse_setting`).
+    """
+    if not specs:
+        raise HeadprobeError(f"{param('specs')}: give at least one setting")
+    return [parse_spec(written, options, policies) for written in specs]
+
+
+def _expand_one(spec: SettingSpec, capacities: Sequence[int]) -> list[EvalSetting]:
+    """The settings of one parsed spec: at its pinned capacities, else at ``capacities`` (``full`` and a
+    press without a ratio once, a budget map at its own capacity).
+
+    Raises
+    ------
+    HeadprobeError
+        A capacity pinned where there is none to pin (or other than a map's own), a capacity below 1, or none.
+    """
+    parsed, written, pinned = spec.parsed, spec.written, spec.pinned
+    if parsed.policy == "full" or (parsed.policy == KVPRESS and not press_spec(parsed.profiles[0], spec.spec).ratio):
+        if pinned is not None:
+            raise HeadprobeError(f"{param('spec', written)}: {'the full cache' if parsed.policy == 'full' else 'this press'}"
+                                 " has no capacity to pin")
+        return [EvalSetting(parsed.name, parsed.policy, None, parsed.profiles, None, dict(parsed.options))]
+    if parsed.allocation == MAP_ALLOCATION:
+        caps = [map_capacity(load_setting_map(parsed.profiles[0], written))]
+        if pinned is not None and list(pinned) != caps:      # a label names the map's own capacity
+            raise HeadprobeError(f"{param('spec', written)}: a budget map's capacity is its own ({caps[0]} "
+                                 "tokens per KV head); pin none after @")
+    else:
+        caps = list(capacities) if pinned is None else list(pinned)
+    if any(c < 1 for c in caps):
+        raise HeadprobeError(f"{param('spec', written)}: expected positive token counts per head after @")
+    if not caps:
+        raise HeadprobeError(f"{param('spec', spec.spec)}: needs {param('capacities')}")
+    return [EvalSetting(parsed.name, parsed.policy, parsed.allocation, parsed.profiles, int(c),
+                        dict(parsed.options), dict(parsed.allocation_options)) for c in caps]
+
+
+def _no_duplicates(settings: Sequence[EvalSetting]) -> None:
+    labels = [s.label for s in settings]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise HeadprobeError(f"{param('specs')}: {', '.join(dup)} given twice")
+
+
+def _check_capacities(capacities: Sequence[int]) -> None:
+    if any(c < 1 for c in capacities):
+        raise HeadprobeError(f"{param('capacities', capacities)}: expected positive token counts per head")
+
+
+def expand_specs(specs: Sequence[SettingSpec], capacities: Sequence[int]) -> list[EvalSetting]:
+    """Settings parsed once (:func:`parse_settings`) at every capacity (``full`` once), or at the capacities
+    pinned after their ``@``, without parsing them again.
+
+    Raises
+    ------
+    HeadprobeError
+        No specs, no capacities, a capacity below 1, or a duplicate setting.
+    """
+    if not specs:
+        raise HeadprobeError(f"{param('specs')}: give at least one setting")
+    _check_capacities(capacities)
+    out = [s for spec in specs for s in _expand_one(spec, capacities)]
+    _no_duplicates(out)
+    return out
+
+
 def expand_settings(specs: list[str], capacities: list[int], options: dict[str, Any] | None = None,
                     policies: tuple[str, ...] | None = None) -> list[EvalSetting]:
     """Every spec at every capacity (``full`` once), or at the capacities pinned after its ``@``;
@@ -424,35 +535,9 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
     """
     if not specs:
         raise HeadprobeError(f"{param('specs')}: give at least one setting")
-    if any(c < 1 for c in capacities):
-        raise HeadprobeError(f"{param('capacities', capacities)}: expected positive token counts per head")
-    out: list[EvalSetting] = []
-    for written in specs:
-        spec, pinned = split_capacities(written)
-        parsed = parse_setting(spec, policies, options)
-        if parsed.policy == "full" or (parsed.policy == KVPRESS and not press_spec(parsed.profiles[0], spec).ratio):
-            if pinned is not None:
-                raise HeadprobeError(f"{param('spec', written)}: {'the full cache' if parsed.policy == 'full' else 'this press'}"
-                                     " has no capacity to pin")
-            out.append(EvalSetting(parsed.name, parsed.policy, None, parsed.profiles, None, dict(parsed.options)))
-            continue
-        if parsed.allocation == MAP_ALLOCATION:
-            caps = [map_capacity(load_setting_map(parsed.profiles[0], written))]
-            if pinned is not None and pinned != caps:      # a label names the map's own capacity
-                raise HeadprobeError(f"{param('spec', written)}: a budget map's capacity is its own ({caps[0]} "
-                                     "tokens per KV head); pin none after @")
-        else:
-            caps = capacities if pinned is None else pinned
-        if any(c < 1 for c in caps):
-            raise HeadprobeError(f"{param('spec', written)}: expected positive token counts per head after @")
-        if not caps:
-            raise HeadprobeError(f"{param('spec', spec)}: needs {param('capacities')}")
-        out.extend(EvalSetting(parsed.name, parsed.policy, parsed.allocation, parsed.profiles, int(c),
-                               dict(parsed.options), dict(parsed.allocation_options)) for c in caps)
-    labels = [s.label for s in out]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise HeadprobeError(f"{param('specs')}: {', '.join(dup)} given twice")
+    _check_capacities(capacities)
+    out = [s for written in specs for s in _expand_one(parse_spec(written, options, policies), capacities)]
+    _no_duplicates(out)
     return out
 
 
@@ -491,7 +576,14 @@ def make_setting(base: str, capacity: int | None = None, options: Mapping[str, A
     written.update(allocation_options)
     name = _named(base, written)
     label = name if capacity is None else f"{name}@{capacity}"
-    setting = EvalSetting.parse(label)
+    read = {k: _read_back(name, plain.allocation, k, v) for k, v in written.items()}
+    if plain.policy == KVPRESS:           # the press's own options, checked by the press (as parse_setting)
+        to_policy, to_alloc = read, {}
+    else:
+        to_policy, to_alloc = _route(name, plain.policy, plain.allocation, read) if plain.policy != "full" else ({}, {})
+    parsed = ParsedSetting(name, plain.policy, plain.allocation, plain.profiles, {**plain.options, **to_policy},
+                           to_alloc)
+    [setting] = _expand_one(SettingSpec(label, parsed, None if capacity is None else (int(capacity),)), [])
     if setting.policy == "full":
         return setting
     got = {"policy": setting.options, "allocation": setting.allocation_options}
@@ -504,3 +596,21 @@ def make_setting(base: str, capacity: int | None = None, options: Mapping[str, A
                 raise HeadprobeError(f"{param('spec', label)}: {what} option {key}={value!r} does not read back from "
                                      f"the setting's name (it reads {reads})")
     return setting
+
+
+def _read_back(name: str, allocation: str | None, key: str, value: Any) -> Any:
+    """What a setting's brackets read for ``key=value`` as :func:`_named` writes it: the value written
+    (:func:`~headprobe.allocation.options.format_option_value`) read by the bracket parser
+    (:func:`_bracket_options`), so a setting built from its parts is checked value by value, not parsed again.
+
+    Raises
+    ------
+    HeadprobeError
+        A value the brackets cannot hold (as the bracket parser refuses it), or one that reads as more than
+        one option.
+    """
+    got = _bracket_options(f"{key}={format_option_value(value)}", allocation, name)
+    if set(got) != {key}:
+        raise HeadprobeError(f"{param('spec', name)}: option {key}={value!r} does not read back from the "
+                             f"setting's name (it reads {', '.join(f'{k}={v!r}' for k, v in got.items())})")
+    return got[key]

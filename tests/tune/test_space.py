@@ -164,3 +164,22 @@ def test_head_kinds_are_the_registered_head_score_kinds():
         registry.unregister_pass("toy_heads")
     with pytest.raises(HeadprobeError, match="head_kinds='toy_heads'"):
         SearchSpace(head_kinds=("toy_heads",)).check()
+
+
+def test_every_generated_candidate_reads_back_from_its_label(smollm2_profiles):
+    """Every candidate the whole space generates (every budget policy of the registry, every allocator and its
+    declared values, the question window too) is built once from its parts and its label reads back to it."""
+    from headprobe.allocation.registry import ALLOCATORS
+    from headprobe.eval.settings import expand_settings
+    from headprobe.tune.space import budget_policies
+
+    space = SearchSpace(policies=budget_policies(), allocations=tuple(a for a, x in ALLOCATORS.items() if x.policy is None))
+    sels, allocs = selections(space), allocations(space, smollm2_profiles)
+    assert len(sels) > 10 and len(allocs) > 10
+    generated = [candidate(s, a, 64) for s in sels for a in allocs[:: max(1, len(allocs) // 12)] + [UNIFORM]]
+    assert any(c.question_window for c in generated) and any(c.allocation_options for c in generated)
+    for c in generated:
+        assert EvalSetting.parse(c.label) == c
+        assert expand_settings([c.label], [7]) == [c]
+    for c in preset_seeds(space, 64):
+        assert EvalSetting.parse(c.label) == c
