@@ -164,7 +164,10 @@ _API: dict[str, dict[str, str]] = {
         "EVAL_PRESETS": "eval.settings:PRESETS",
         "EvalSetting": "eval.settings",
         "expand_settings": "eval.settings",
+        "expand_specs": "eval.settings",
         "parse_setting": "eval.settings",
+        "parse_settings": "eval.settings",
+        "SettingSpec": "eval.settings",
     },
     # data parallel over torchrun's ranks: a slice of the work each, merged at rank 0
     "distributed": {

@@ -177,8 +177,8 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
                                   frontend.parse_tune_values(args.values), tuple(args.head_kinds or ()),
                                   args.keep_selections, not args.no_preset_candidates)
     space.check()
-    presets = list(args.presets) if args.presets is not None else list(headprobe.EVAL_PRESETS)
-    for s in headprobe.expand_settings(presets, [64]):
+    presets = headprobe.parse_settings(list(args.presets) if args.presets is not None else list(headprobe.EVAL_PRESETS))
+    for s in headprobe.expand_specs(presets, [64]):      # parsed once: the tune expands these at its capacities
         s.check_policy()
     identity = frontend.model_shape(args.model)        # the model's shape, without its weights
     capacities, memory = _capacities(args, identity)

@@ -12,7 +12,7 @@ bytes; times are measured where each cell ran).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -58,7 +58,7 @@ def run_dataset_eval_on_ranks(lm: LoadedModel, examples: list[QAExample], settin
                               dataset_name: str = "<dataset>", chat_template: bool = True, resume: bool = False,
                               force: bool = False, progress: Callable[[int], None] | None = None,
                               figures: Sequence[str | Path] = (), share_prefill: bool = True,
-                              answer_task: Any = None) -> EvalResult:
+                              answer_task: Any = None, budgets: Mapping[str, Any] | None = None) -> EvalResult:
     """:func:`~headprobe.eval.datasets.run_dataset_eval` with the examples split over ``ranks``.
 
     Rank 0 puts each setting's trials back in the examples' order and recomputes its cell
@@ -72,12 +72,12 @@ def run_dataset_eval_on_ranks(lm: LoadedModel, examples: list[QAExample], settin
     if not ranks.distributed:
         return run_dataset_eval(lm, examples, settings, out, max_length, max_new_tokens, dataset_name,
                                 chat_template, resume, force, progress, figures=figures, share_prefill=share_prefill,
-                                answer_task=answer_task)
+                                answer_task=answer_task, budgets=budgets)
     if len(examples) < ranks.world_size:
         raise HeadprobeError(f"{len(examples)} examples for {ranks.world_size} ranks: give every rank one at least")
     part = run_dataset_eval(lm, ranks.mine(examples), settings, ranks.part_path(out), max_length, max_new_tokens,
                             dataset_name, chat_template, resume, force, progress, figures=figures,
-                            share_prefill=share_prefill, answer_task=answer_task)
+                            share_prefill=share_prefill, answer_task=answer_task, budgets=budgets)
     shares = ranks.gather_json(part.cells)
     if shares is None:
         return part

@@ -51,5 +51,8 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "PRESETS": "settings",
     "EvalSetting": "settings",
     "expand_settings": "settings",
+    "expand_specs": "settings",
     "parse_setting": "settings",
+    "parse_settings": "settings",
+    "SettingSpec": "settings",
 })

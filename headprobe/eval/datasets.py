@@ -74,7 +74,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
                      chat_template: bool = True, resume: bool = False, force: bool = False,
                      progress: Callable[[int], None] | None = None,
                      figures: Sequence[str | Path] = (), share_prefill: bool = True,
-                     answer_task: Any = None) -> EvalResult:
+                     answer_task: Any = None, budgets: Mapping[str, Any] | None = None) -> EvalResult:
     """Answer every example under every setting; one cell per setting (``depth`` null), token-F1 scores.
 
     ``answer_task`` (:class:`~headprobe.eval.answer_tasks.AnswerTask`) says how examples are prompted, how
@@ -92,7 +92,8 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     soon as its setting has answered every example.
 
     Outputs are handled as in :func:`~headprobe.eval.runner.run_eval` (``figures``: the figures the
-    caller draws from the result).
+    caller draws from the result); ``budgets`` are budgets already resolved by setting label (the default
+    profile folders), not resolved again.
 
     Raises
     ------
@@ -107,7 +108,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
     check_count("max_new_tokens", max_new_tokens)
     check_count("max_length", max_length)
     _check_windows(settings)
-    budgets = resolve_budgets(lm, settings)
+    budgets = resolve_budgets(lm, settings, known=budgets)
     prompts = [answer_task.prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     spans = _question_spans(lm, examples, prompts, settings, answer_task, chat_template)
     form = prompt_format_of(lm.tokenizer, chat_template)

@@ -11,7 +11,7 @@ finished cell and never redoes one.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,9 @@ class EvalRequest:
         Run each prompt's forward once for every setting whose policy prefills with plain attention
         (:mod:`headprobe.runtime.shared_prefill`; same answers and bytes, far less time); KeyDiff's
         block-wise prefill always runs on its own.
+    budgets
+        Budgets already resolved (:func:`resolve_budgets`) by setting label, for this model and ``profile_dirs``
+        (a tune resolves each setting once as it checks it): a setting found here is not resolved again.
     """
 
     settings: list[EvalSetting]
@@ -68,6 +71,7 @@ class EvalRequest:
     chat_template: bool = True
     profile_dirs: list[Path] | None = None
     share_prefill: bool = True
+    budgets: Mapping[str, Any] | None = None
 
 
 def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | None = None,
@@ -171,10 +175,15 @@ class WindowBudgets:
         return self.by_window[window]
 
 
-def resolve_budgets(lm: Any, settings: list[EvalSetting], profile_dirs: list[Path] | None = None) -> dict[str, Any]:
+def resolve_budgets(lm: Any, settings: list[EvalSetting], profile_dirs: list[Path] | None = None,
+                    known: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every setting's budget by label (:func:`resolve_budget`), so a bad setting fails before any trial; a
-    setting with a question window gets a :class:`WindowBudgets` (checked with :func:`check_question_windows`)."""
-    return {s.label: WindowBudgets(lm, s, profile_dirs) if s.question_window else resolve_budget(lm, s, profile_dirs)
+    setting with a question window gets a :class:`WindowBudgets` (checked with :func:`check_question_windows`).
+    A setting whose label is in ``known`` (budgets resolved before, for the same model and ``profile_dirs``)
+    keeps that budget: each is resolved once."""
+    known = known or {}
+    return {s.label: known[s.label] if s.label in known else
+            WindowBudgets(lm, s, profile_dirs) if s.question_window else resolve_budget(lm, s, profile_dirs)
             for s in settings}
 
 
@@ -409,7 +418,7 @@ def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = Fals
         with other settings, or a log another run writes to.
     """
     check_request(request)
-    budgets = resolve_budgets(lm, request.settings, request.profile_dirs)
+    budgets = resolve_budgets(lm, request.settings, request.profile_dirs, request.budgets)
     prompts = GridPrompts(lm, request)
     prompts.check_lengths()
     check_question_windows(request, prompts, budgets)

@@ -117,7 +117,7 @@ def _candidate_block(outcome: TuneOutcome, cap_index: int, calibration: set[str]
                                   "reason": "" if final else last.reason,
                                   "final_rank": last.rank if final else None}
         for label, why in race.skipped.items():
-            entries.setdefault(label, {"label": label, "setting": EvalSetting.parse(label).to_json(), "stages": {}})
+            entries.setdefault(label, {"label": label, "setting": race.skipped_settings[label].to_json(), "stages": {}})
             entries[label]["stages"][stage] = {"origin": "generated", "skipped": why}
     chosen = outcome.chosen[outcome.stage2[cap_index].capacity].label
     out = []

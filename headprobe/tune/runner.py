@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import HeadprobeError
 from ..eval.presets import PRESETS, QUESTION_WINDOW
-from ..eval.settings import EvalSetting, expand_settings
+from ..eval.settings import EvalSetting, SettingSpec, expand_specs, parse_settings, parse_spec
 from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
 from .halving import HalvingRule, Standing, rank_rung, rung_items
 from .plan import TrialPlan, plan_trials
@@ -210,7 +210,9 @@ class TuneRequest:
     rule
         How races drop candidates.
     presets
-        Presets evaluated on the held-out items beside the chosen settings (default: every preset).
+        Settings evaluated on the held-out items beside the chosen settings (default: every preset), parsed
+        once (:func:`~headprobe.eval.settings.parse_settings`); settings as written are parsed as the request
+        is made.
     max_new_tokens, chat_template, share_prefill, profile_dirs
         As in :class:`~headprobe.eval.EvalRequest`.
     memory
@@ -222,12 +224,15 @@ class TuneRequest:
     split: Split
     task: TuneTask
     rule: HalvingRule = field(default_factory=HalvingRule)
-    presets: list[str] = field(default_factory=lambda: list(PRESETS))
+    presets: list[SettingSpec] = field(default_factory=lambda: parse_settings(list(PRESETS)))
     max_new_tokens: int = 24
     chat_template: bool = True
     share_prefill: bool = True
     profile_dirs: list[Path] | None = None
     memory: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.presets = [p if isinstance(p, SettingSpec) else parse_spec(p) for p in self.presets]
 
 
 def runs_dir(out: str | Path) -> Path:
@@ -298,6 +303,7 @@ class TuneRuns:
         self.folder, self.staged = start_folder(runs_dir(out), resume, force, ranks.is_main)
         self.resume, self.force, self.progress = resume, force, progress
         self.store = TrialStore()
+        self.budgets: dict[str, Any] = {}         # label -> budget resolved as the setting was checked (once)
         self.records: list[RunRecord] = []
         self.plan: TrialPlan | None = None
         self._total: Callable[[int], None] | None = None
@@ -343,15 +349,19 @@ class TuneRuns:
         advance = self._advance_both(self.progress(f"{stage} ({len(settings)} settings, {len(items)} items)", total)
                                      if self.progress and self.ranks.is_main else None)
         wall, cpu = time.perf_counter(), time.process_time()
+        budgets = {s.label: self.budgets[s.label] for s in settings if s.label in self.budgets}
         if task.examples is not None:
+            # a dataset eval resolves from the default profile folders: the budgets checked here only when those
+            # are the ones the tune reads
             result = run_dataset_eval_on_ranks(self.lm, items, settings, path, self.ranks, task.lengths[0],
                                                req.max_new_tokens, str(task.description.get("dataset")),
                                                req.chat_template, self.resume, self.force, advance,
-                                               share_prefill=req.share_prefill, answer_task=task.answer_task)
+                                               share_prefill=req.share_prefill, answer_task=task.answer_task,
+                                               budgets=budgets if req.profile_dirs is None else None)
         else:
             request = EvalRequest(settings, items, list(task.lengths), list(task.depths), task.haystack,
                                   dict(task.description), req.max_new_tokens, req.chat_template, req.profile_dirs,
-                                  req.share_prefill)
+                                  req.share_prefill, budgets)
             result = run_eval_on_ranks(self.lm, request, path, self.ranks, resume=self.resume, force=self.force,
                                        progress=advance)
         self.folder, self.staged = finish_staging(self.ranks, self.out, self.folder, self.staged)
@@ -366,14 +376,17 @@ class TuneRuns:
 # ---- checking candidates against the model --------------------------------------------------------------
 
 def setting_problem(lm: Any, setting: EvalSetting, task: TuneTask, profile_dirs: list[Path] | None,
-                    windows: dict[str, int]) -> str | None:
+                    windows: dict[str, int], resolved: dict[str, Any] | None = None) -> str | None:
     """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
-    (a missing profile, a capacity no larger than its window) or a question window does not fit."""
+    (a missing profile, a capacity no larger than its window) or a question window does not fit. The budget
+    resolved for the check is kept in ``resolved`` (by label), so the trials do not resolve it again."""
     from ..eval.runner import resolve_budgets
 
     try:
         setting.check_policy()
         budgets = resolve_budgets(lm, [setting], profile_dirs)
+        if resolved is not None:
+            resolved.update(budgets)
         if setting.question_window:
             if task.kind in ("dataset", "ruler"):
                 return "window=question needs a prompt whose question the harness placed"
@@ -416,6 +429,8 @@ class Race:
         Label → ``"generated"``, ``"preset"`` or ``"carried"`` (a stage-1 selection with uniform budgets).
     skipped
         Label → why a generated setting could not run (never raced).
+    skipped_settings
+        Label → the setting skipped (as the report records it).
     rungs
         Per rung: ``{"rung", "items", "trials", "standings": [Standing, ...]}``.
     """
@@ -425,6 +440,7 @@ class Race:
     origin: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     rungs: list[dict[str, Any]] = field(default_factory=list)
+    skipped_settings: dict[str, EvalSetting] = field(default_factory=dict)
 
     def alive(self) -> list[EvalSetting]:
         if not self.rungs:
@@ -540,15 +556,19 @@ def found_profiles(identity: Any, profile_dirs: list[Path] | None = None) -> dic
     return out
 
 
-def _checked(lm: Any, request: TuneRequest, settings: Sequence[EvalSetting], windows: dict[str, int],
-             skipped: dict[str, str]) -> list[EvalSetting]:
+def _checked(runs: TuneRuns, settings: Sequence[EvalSetting], windows: dict[str, int], skipped: dict[str, str],
+             race: Race | None = None) -> list[EvalSetting]:
+    """The settings that can run (:func:`setting_problem`, their budgets kept in ``runs.budgets``); why the
+    others cannot goes in ``skipped`` (and the settings in ``race.skipped_settings``)."""
     ok = []
     for s in settings:
-        problem = setting_problem(lm, s, request.task, request.profile_dirs, windows)
+        problem = setting_problem(runs.lm, s, runs.request.task, runs.request.profile_dirs, windows, runs.budgets)
         if problem is None:
             ok.append(s)
         else:
             skipped[s.label] = problem
+            if race is not None:
+                race.skipped_settings[s.label] = s
     return ok
 
 
@@ -580,6 +600,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
         cannot hold, or an eval run's refusal (a log made with other settings, held by another run, ...).
     """
     from ..distributed.ranks import Ranks
+    from ..eval.runner import resolve_budgets  # the eval runner loads torch; importing the tune does not
 
     if resume and force:
         raise HeadprobeError("resume and force: a run either continues its logs (resume) or replaces them "
@@ -594,17 +615,17 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     sels, allocs = selections(space), allocations(space, profiles)
     calibration = list(request.split.calibration)
 
-    stage1 = [_selection_race(lm, request, cap, sels, windows) for cap in request.capacities]
+    stage1 = [_selection_race(runs, cap, sels, windows) for cap in request.capacities]
     runs.start_total(plan_trials(request, max(len(r.candidates) for r in stage1), count_candidates(space, profiles)[1]))
     _run_races(runs, "selection", stage1, calibration, rule)
-    stage2 = [_allocation_race(lm, request, race1, allocs, windows) for race1 in stage1]
+    stage2 = [_allocation_race(runs, race1, allocs, windows) for race1 in stage1]
     _run_races(runs, "allocation", stage2, calibration, rule)
     chosen = {race.capacity: next(c for c in race.candidates if c.label == race.final()[0].label) for race in stage2}
 
     holdout_skipped: dict[str, str] = {}
-    full = expand_settings(["full"], list(request.capacities))         # the full cache is always held out
-    presets = _checked(lm, request, expand_settings(list(request.presets), list(request.capacities)), windows,
-                       holdout_skipped)
+    full = expand_specs([parse_spec("full")], list(request.capacities))    # the full cache is always held out
+    runs.budgets.update(resolve_budgets(lm, full, request.profile_dirs))
+    presets = _checked(runs, expand_specs(request.presets, list(request.capacities)), windows, holdout_skipped)
     holdout = dedupe([*full, *presets, *chosen.values()])
     same = {canonical(s): s.label for s in holdout}
     held_as = {cap: same[canonical(c)] for cap, c in chosen.items()}     # a preset's label when it is one
@@ -614,7 +635,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
                        time.perf_counter() - wall, time.process_time() - cpu, held_as, runs.plan)
 
 
-def _selection_race(lm: Any, request: TuneRequest, cap: int, sels: Sequence[Any], windows: dict[str, int]) -> Race:
+def _selection_race(runs: TuneRuns, cap: int, sels: Sequence[Any], windows: dict[str, int]) -> Race:
     """The selection stage's race at capacity ``cap``: every selection with uniform budgets that can run.
 
     Raises
@@ -624,7 +645,7 @@ def _selection_race(lm: Any, request: TuneRequest, cap: int, sels: Sequence[Any]
     """
     race = Race(cap, [])
     generated = dedupe([candidate(s, UNIFORM, cap) for s in sels])
-    race.candidates = _checked(lm, request, generated, windows, race.skipped)
+    race.candidates = _checked(runs, generated, windows, race.skipped, race)
     race.origin = {c.label: "generated" for c in race.candidates}
     if not race.candidates:
         raise HeadprobeError(f"capacity {cap}: no selection of the space can run ("
@@ -632,11 +653,10 @@ def _selection_race(lm: Any, request: TuneRequest, cap: int, sels: Sequence[Any]
     return race
 
 
-def _allocation_race(lm: Any, request: TuneRequest, race1: Race, allocs: Sequence[Any],
-                     windows: dict[str, int]) -> Race:
+def _allocation_race(runs: TuneRuns, race1: Race, allocs: Sequence[Any], windows: dict[str, int]) -> Race:
     """The allocation stage's race at ``race1``'s capacity: its best ``keep_selections`` selections (carried,
     with their trials) crossed with every allocation, plus the preset candidates that can run."""
-    space, cap = request.space, race1.capacity
+    space, cap = runs.request.space, race1.capacity
     by_label = {c.label: c for c in race1.candidates}
     carried = [by_label[lab] for lab in race1.ranking()[:space.keep_selections]]
     race = Race(cap, [])
@@ -646,7 +666,7 @@ def _allocation_race(lm: Any, request: TuneRequest, race1: Race, allocs: Sequenc
     origin = {c.label: "carried" for c in carried}
     for seed in seeds:
         origin.setdefault(seed.label, "preset")
-    ok = _checked(lm, request, [c for c in pool if origin.get(c.label) != "carried"], windows, race.skipped)
+    ok = _checked(runs, [c for c in pool if origin.get(c.label) != "carried"], windows, race.skipped, race)
     race.candidates = [c for c in pool if origin.get(c.label) == "carried" or c in ok]
     race.origin = {c.label: origin.get(c.label, "generated") for c in race.candidates}
     return race

@@ -18,6 +18,7 @@ preset (same policy, allocation, profiles and options once defaults are filled i
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -27,7 +28,7 @@ from typing import Any
 from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
 from ..eval.presets import PRESETS, QUESTION_WINDOW
-from ..eval.settings import EvalSetting, expand_settings, make_setting
+from ..eval.settings import EvalSetting, SettingSpec, expand_specs, make_setting, parse_spec
 from ..profile_kinds import HEAD_SCORE_KINDS
 
 #: The policy options ``headprobe tune`` searches, and the values it tries (each where the policy declares
@@ -228,6 +229,20 @@ class SearchSpace:
                 except HeadprobeError as exc:
                     raise HeadprobeError(f"{param('values', f'{key}={value}')}: {exc}") from None
 
+    @functools.cached_property
+    def preset_specs(self) -> list[SettingSpec]:
+        """The presets whose policy, allocation and head-profile kinds the space searches, parsed once for
+        every capacity (:func:`preset_seeds`)."""
+        kinds = self.head_kinds or HEAD_SCORE_KINDS
+        out = []
+        for name, (policy, alloc, profiles, _options) in PRESETS.items():
+            if policy == "full" or policy not in self.policies or (alloc or "uniform") not in self.allocations:
+                continue
+            if any(p in HEAD_SCORE_KINDS and p not in kinds for p in profiles):
+                continue
+            out.append(parse_spec(name))
+        return out
+
     def search_values(self, name: str, declared: Sequence[Any]) -> tuple[Any, ...]:
         """The values tried for option ``name``: ``values[name]`` when given, else ``declared``."""
         return tuple(self.values[name]) if name in self.values else tuple(declared)
@@ -319,17 +334,10 @@ def canonical(setting: EvalSetting) -> str:
 
 
 def preset_seeds(space: SearchSpace, capacity: int) -> list[EvalSetting]:
-    """The presets at ``capacity`` whose policy, allocation and head-profile kinds the space searches (whether
-    their profiles exist for the model is the caller's to check)."""
-    out = []
-    kinds = space.head_kinds or HEAD_SCORE_KINDS
-    for name, (policy, alloc, profiles, _options) in PRESETS.items():
-        if policy == "full" or policy not in space.policies or (alloc or "uniform") not in space.allocations:
-            continue
-        if any(p in HEAD_SCORE_KINDS and p not in kinds for p in profiles):
-            continue
-        out.append(expand_settings([f"{name}@{capacity}"], [])[0])
-    return out
+    """The presets at ``capacity`` whose policy, allocation and head-profile kinds the space searches
+    (:attr:`SearchSpace.preset_specs`, parsed once); whether their profiles exist for the model is the
+    caller's to check."""
+    return expand_specs(space.preset_specs, [capacity]) if space.preset_specs else []
 
 
 def count_candidates(space: SearchSpace, profiles: Mapping[str, Any]) -> tuple[int, int]:
