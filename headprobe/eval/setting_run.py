@@ -117,8 +117,7 @@ def run_settings(lm: Any, input_ids: list[int], runs: list[tuple[EvalSetting, An
     out: list[SettingRun | None] = [None] * len(runs)
     together = [i for i, (s, _) in enumerate(runs) if prefill is not None and shares_prefill(s)]
     if together:
-        caches = [CacheSetting(runs[i][0].policy, budget=runs[i][1], policy_options=runs[i][0].options or None)
-                  for i in together]
+        caches = [CacheSetting(runs[i][0].runtime_policy, budget=runs[i][1]) for i in together]   # built once
         made = generate_settings(lm, prefill, caches, max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
         for i, gen in zip(together, made, strict=True):
             out[i] = _measured(lm, gen.result, gen.seconds + prefill.seconds, True, gen.batch_settings)
@@ -167,15 +166,15 @@ def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any
 
     if setting.policy == KVPRESS:
         return run_kvpress_setting(lm, input_ids, setting, max_new_tokens, question_span)
-    options = setting.options or None
+    policy = setting.runtime_policy           # built once per setting (and window), not per trial
     start = time.perf_counter()
     if prefill is None:
-        res = generate_compressed(lm, input_ids=torch.tensor([input_ids]), policy=setting.policy, budget=budget,
-                                  policy_options=options, max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
+        res = generate_compressed(lm, input_ids=torch.tensor([input_ids]), policy=policy, budget=budget,
+                                  max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
         seconds = time.perf_counter() - start
     else:
-        res = generate_from_prefill(lm, prefill, policy=setting.policy, budget=budget, policy_options=options,
-                                    max_new_tokens=max_new_tokens, stop_at_line=stop_at_line)
+        res = generate_from_prefill(lm, prefill, policy=policy, budget=budget, max_new_tokens=max_new_tokens,
+                                    stop_at_line=stop_at_line)
         seconds = time.perf_counter() - start + prefill.seconds
     return _measured(lm, res, seconds, prefill is not None)
 

@@ -27,6 +27,7 @@ setting from its parts under such a label.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -181,6 +182,24 @@ class EvalSetting:
         """The same setting (same label) with a fixed window, as one trial runs it."""
         return replace(self, options={**self.options, "window": int(window)})
 
+    @functools.cached_property
+    def runtime_policy(self) -> Any:
+        """The setting's :class:`~headprobe.runtime.policies.Policy`, built once (:func:`built_policy`: one
+        instance per policy and options, so a question-window setting builds one per window it runs with,
+        :meth:`with_window`); every trial's cache runs this instance (policies keep no state of a run).
+
+        Raises
+        ------
+        HeadprobeError
+            A kvpress setting (its press is no policy), a window still set per prompt, or what building the
+            policy refuses.
+        """
+        if self.policy == KVPRESS:
+            raise HeadprobeError(f"setting {self.label}: kvpress runs the press, not a headprobe policy")
+        if self.question_window:
+            raise HeadprobeError(f"setting {self.label}: its window is set per prompt; run it with_window(size)")
+        return built_policy(self.policy, self.options)
+
     def check_policy(self) -> None:
         """Build the setting's policy once, so that a bad option is refused in one line before any trial
         (a question window is checked as the policy's default window; its size is known per prompt).
@@ -190,17 +209,43 @@ class EvalSetting:
         HeadprobeError
             An unknown policy, an option it does not have, or a value it cannot take.
         """
-        from ..runtime import POLICIES, make_policy
+        from ..runtime import POLICIES  # the runtime loads torch; parsing a setting does not
 
         if self.policy == KVPRESS:
             check_press(self.profiles[0], self.options, self.name)
             return
-        options = dict(self.options)
-        if self.question_window:
-            if self.policy not in POLICIES:
-                raise HeadprobeError(f"unknown policy {self.policy!r}")
-            options["window"] = POLICIES[self.policy].window
-        make_policy(self.policy, **options)
+        if not self.question_window:
+            self.runtime_policy  # noqa: B018 (built and kept: the trials run it)
+            return
+        if self.policy not in POLICIES:
+            raise HeadprobeError(f"unknown policy {self.policy!r}")
+        built_policy(self.policy, {**self.options, "window": POLICIES[self.policy].window})
+
+
+#: Policies built by :func:`built_policy`, by policy class and options.
+_BUILT_POLICIES: dict[tuple[Any, ...], Any] = {}
+
+
+def built_policy(policy: str, options: Mapping[str, Any]) -> Any:
+    """The policy ``policy`` with ``options`` (:func:`~headprobe.runtime.make_policy`), built once per policy
+    class and options (each value's type included: ``5`` and ``5.0`` build two) and shared after that: a
+    policy is a dataclass of its options that keeps nothing of a run (the cache holds the run's state).
+
+    Raises
+    ------
+    HeadprobeError
+        An unknown policy, an option it does not have, or a value it cannot take.
+    """
+    from ..runtime import POLICIES, make_policy  # the runtime loads torch; parsing a setting does not
+
+    try:
+        key = (POLICIES.get(policy), policy, *sorted((k, type(v), v) for k, v in options.items()))
+        hash(key)
+    except TypeError:                     # an unhashable option value: built, not kept
+        return make_policy(policy, **options)
+    if key not in _BUILT_POLICIES:
+        _BUILT_POLICIES[key] = make_policy(policy, **options)
+    return _BUILT_POLICIES[key]
 
 
 @dataclass(frozen=True)
