@@ -49,6 +49,24 @@ class BudgetMap:
     budgets: list[list[int]]
     granularity: str = "kv_head"
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+    #: ``(model, identity)`` of the last :meth:`check_fits` that passed (not part of the map).
+    _fitted: tuple[Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
+
+    def check_fits(self, identity: ModelIdentity, what: str = "budget map") -> None:
+        """Refuse the map on a model it was not made for (:meth:`ModelIdentity.check_fits`), once: a map
+        allocated for ``identity`` itself (:func:`~headprobe.allocation.allocate` in this process) fits it,
+        and a map checked against ``identity`` already is not checked again.
+
+        Raises
+        ------
+        ModelMismatchError
+            The map was made for another model.
+        """
+        if self.model is identity or (self._fitted is not None and self._fitted[0] is self.model
+                                      and self._fitted[1] is identity):
+            return
+        self.model.check_fits(identity, what=what)
+        self._fitted = (self.model, identity)
 
     @property
     def total(self) -> int:

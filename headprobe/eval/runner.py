@@ -141,7 +141,7 @@ def map_budget(lm: Any, setting: EvalSetting, window: int) -> Any:
 
     bm = load_setting_map(setting.profiles[0], setting.name)
     try:
-        bm.model.check_fits(lm.identity, what=f"budget map {setting.profiles[0]}")
+        bm.check_fits(lm.identity, what=f"budget map {setting.profiles[0]}")      # its trials do not check it again
     except HeadprobeError as exc:
         raise HeadprobeError(f"setting {setting.label}: {exc}") from None
     cached = [i for i, t in enumerate(lm.identity.layer_types) if t != "sliding_attention"]

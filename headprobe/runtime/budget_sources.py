@@ -112,7 +112,7 @@ class MapBudget(BudgetSource):
         """Refuse a file made for another model or with budgets the runtime cannot use."""
         bm = self.budget_map
         if self.identity is not None:
-            bm.model.check_fits(self.identity, what="budget file")
+            bm.check_fits(self.identity, what="budget file")      # once per map and model
         if bm.granularity != "kv_head":
             raise HeadprobeError("budget file has query-head budgets (compat mode); the runtime needs kv_head "
                                  "granularity")
