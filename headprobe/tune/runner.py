@@ -304,6 +304,7 @@ class TuneRuns:
         self.resume, self.force, self.progress = resume, force, progress
         self.store = TrialStore()
         self.budgets: dict[str, Any] = {}         # label -> budget resolved as the setting was checked (once)
+        self.problems: dict[str, str | None] = {}  # label -> why it cannot run (None: it can), checked once
         self.records: list[RunRecord] = []
         self.plan: TrialPlan | None = None
         self._total: Callable[[int], None] | None = None
@@ -562,7 +563,10 @@ def _checked(runs: TuneRuns, settings: Sequence[EvalSetting], windows: dict[str,
     others cannot goes in ``skipped`` (and the settings in ``race.skipped_settings``)."""
     ok = []
     for s in settings:
-        problem = setting_problem(runs.lm, s, runs.request.task, runs.request.profile_dirs, windows, runs.budgets)
+        if s.label not in runs.problems:        # a preset also raced as a seed or a candidate is checked once
+            runs.problems[s.label] = setting_problem(runs.lm, s, runs.request.task, runs.request.profile_dirs,
+                                                     windows, runs.budgets)
+        problem = runs.problems[s.label]
         if problem is None:
             ok.append(s)
         else:
@@ -600,7 +604,6 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
         cannot hold, or an eval run's refusal (a log made with other settings, held by another run, ...).
     """
     from ..distributed.ranks import Ranks
-    from ..eval.runner import resolve_budgets  # the eval runner loads torch; importing the tune does not
 
     if resume and force:
         raise HeadprobeError("resume and force: a run either continues its logs (resume) or replaces them "
@@ -623,8 +626,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     chosen = {race.capacity: next(c for c in race.candidates if c.label == race.final()[0].label) for race in stage2}
 
     holdout_skipped: dict[str, str] = {}
-    full = expand_specs([parse_spec("full")], list(request.capacities))    # the full cache is always held out
-    runs.budgets.update(resolve_budgets(lm, full, request.profile_dirs))
+    full = [EvalSetting("full", "full")]         # the full cache is always held out (the setting "full" names)
     presets = _checked(runs, expand_specs(request.presets, list(request.capacities)), windows, holdout_skipped)
     holdout = dedupe([*full, *presets, *chosen.values()])
     same = {canonical(s): s.label for s in holdout}
