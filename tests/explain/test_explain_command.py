@@ -100,8 +100,8 @@ REFUSALS = [
      "--json, --plot and -o name the same file"),
     ([R2, "--context", "100", "--plot", "x.jpg"], "x.jpg: plot format must be one of png, svg"),
     (["{map}", "--context", "100", "--to", "budget", "-o", "{out}"], "is a budget map already"),
-    ([R2, "--context", "100", "--policy", "keepkv"], ("policy 'keepkv': explain models the runtime's snapkv and "
-                                                     "streaming policies")),
+    ([R2, "--context", "100", "--policy", "keepkv"], ("policy 'keepkv': explain models the runtime's snapkv, "
+                                                     "streaming and layer_window policies")),
     ([R2, "--context", "100", "--option", "window=4"], "--option needs --policy"),
     ([R2, "--context", "100", "--gqa", "max"], "--gqa max: expected one of mean, sum"),
     (["{list}", "--context", "100"], "expected a headprobe budget map or profile, a HeadKV / Retrieval_Head score file"),

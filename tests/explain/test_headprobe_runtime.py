@@ -113,3 +113,47 @@ def test_a_converted_duoattention_map_keeps_the_sink_and_the_recent_tokens_of_st
         for h in range(ident.num_kv_heads):
             kept = set(view["positions"][h][view["valid"][h]].tolist())
             assert kept == (set(range(PROMPT)) if full[layer, h] else expected_stream), (layer, h)
+
+
+def _split_map(lm, layers, sink=0):
+    from headprobe.allocation.layer_split_choice import split_budget_map
+    from headprobe.layer_split import LayerSplit
+
+    engine = "tensorrt-llm" if sink else "vllm"
+    return split_budget_map(LayerSplit(model=lm.identity, engine=engine, layers=tuple(layers), sink=sink,
+                                       context=PROMPT))
+
+
+@pytest.mark.parametrize("make,layers,sink", [
+    (make_tiny_llama, [16, "global", 16, 16], 0),
+    (make_tiny_llama, [70, "global", 8, 30], 2),          # a window above the prompt: it grows up to its window
+    (make_tiny_gemma3, [24, 8, 12, "global"], 0),         # the model's own window (16) caps the split's 24
+], ids=["llama", "llama-sink", "gemma3"])
+@pytest.mark.parametrize("batch,new", [(1, 1), (2, 20)])
+def test_a_layer_split_runs_under_layer_window_as_explained(make, layers, sink, batch, new):
+    lm = make()
+    bm = _split_map(lm, layers, sink)
+    options = {"sink": sink}
+    cache = _run(lm, bm, "layer_window", options, batch, new)
+    row = runtime_allocation(bm, lm.identity, Setting(PROMPT, batch, "float32", new), "layer_window", options)
+    assert row.runs
+    assert row.bytes_end == cache.memory_bytes()
+    for b in range(batch):
+        assert (cache.peak_tokens()[b].numpy() == np.maximum(row.held, row.held_end)).all()
+        assert (cache.kept_tokens()[b].numpy() == row.held_end).all()
+    sw = lm.identity.sliding_window
+    for layer, w in enumerate(layers):
+        own = sw if lm.identity.layer_types[layer] == "sliding_attention" else None
+        window = PROMPT + new if w == "global" else min(w, own or w)
+        assert (row.held[layer] == min(PROMPT, window)).all()
+        assert (row.held_end[layer] == min(PROMPT + new - 1, window)).all()
+
+
+def test_a_split_takes_no_capacity_and_layer_window_no_ragged_map():
+    lm = make_tiny_llama()
+    row = runtime_allocation(_split_map(lm, [16, "global", 16, 16]), lm.identity, Setting(PROMPT, 1, "float32", 3),
+                             "layer_window", {"sink": 0}, capacity=20)
+    assert not row.runs and "keeps its own windows" in row.notes[0]
+    bm = allocate("headkv", [_profile(lm)], lm.identity, capacity=24, window=4)
+    row = runtime_allocation(bm, lm.identity, Setting(PROMPT, 1, "float32", 3), "layer_window", {})
+    assert not row.runs and "different budgets per head" in row.notes[0]

@@ -8,10 +8,14 @@ The arithmetic follows the runtime step by step (nothing here runs a model):
 - kept tokens: the policy's selection keeps ``max(min(budget, N), min(N, window))`` a head
   (:func:`~headprobe.runtime.policies.base.window_and_topk`); a sliding-window layer keeps
   ``min(sliding_window - 1, N)`` (:class:`~headprobe.runtime.policies.sliding.SlidingWindow`);
+- a layer split (a map of ``allocate --method layer_split``) is resolved by
+  :class:`~headprobe.runtime.split_budget.SplitBudget` (a local layer its window, a global layer every token,
+  nothing rescaled) and runs under ``layer_window``: a layer keeps ``min(window, N)`` (a model's own
+  sliding layer at most its own window) and never more while decoding, as ``streaming`` does;
 - decode room: the policy asks for ``reserve`` rows a head (:meth:`~headprobe.runtime.policies.base.Policy.reserve`):
   ``max_new_tokens`` for the scorer policies (``snapkv``), ``min(budget, kept + max_new_tokens) - kept`` for
-  ``streaming`` (its head never holds more), ``max(sliding_window - kept, 1)`` on sliding-window layers; the
-  segment is allocated ``kept`` plus at most ``max_new_tokens - 1`` of them and at most the prompt tokens the
+  ``streaming`` and ``layer_window`` (a head never holds more), ``max(sliding_window - kept, 1)`` on
+  sliding-window layers; the segment is allocated ``kept`` plus at most ``max_new_tokens - 1`` of them and at most the prompt tokens the
   head dropped or an eighth of what it keeps (at least 8), and regrows by an eighth when decoding fills it
   (:mod:`~headprobe.runtime.decode_room`), so the bytes at the end may exceed those at prefill;
 - bytes: one :class:`~headprobe.runtime.store.LayerStore` a layer holds ``rows = Σ capacity + 1`` (one
@@ -33,7 +37,9 @@ from ..setting import Setting
 from .allocation import EngineAllocation
 
 #: The policies whose allocation is modelled here.
-RUNTIME_POLICIES = ("snapkv", "streaming")
+RUNTIME_POLICIES = ("snapkv", "streaming", "layer_window")
+#: The policies whose heads stay at their budget while decoding (the oldest token after the sink leaves).
+CONSTANT_SIZE = ("streaming", "layer_window")
 
 #: Bytes of one stored position (int32) and of one segment's metadata (offsets, lengths, capacity: int64).
 POSITION_BYTES, SEGMENT_BYTES = 4, 3 * 8
@@ -42,6 +48,8 @@ CITES = ["headprobe runtime/budget_sources.py MapBudget.resolve",
          "headprobe runtime/policies/base.py window_and_topk, Policy.reserve, Policy.build_store",
          "headprobe runtime/policies/streaming.py Streaming.reserve",
          "headprobe runtime/policies/sliding.py SlidingWindow",
+         "headprobe runtime/split_budget.py SplitBudget.resolve",
+         "headprobe runtime/policies/layer_window.py LayerWindow.layer_windows",
          "headprobe runtime/store.py LayerStore.__init__, LayerStore.memory_bytes"]
 
 
@@ -62,8 +70,8 @@ def runtime_policy(policy: str, options: dict[str, Any]) -> Any:
     from ...runtime.generate import make_policy
 
     if policy not in RUNTIME_POLICIES:
-        raise HeadprobeError(f"policy {policy!r}: explain models the runtime's {' and '.join(RUNTIME_POLICIES)} "
-                             "policies")
+        raise HeadprobeError(f"policy {policy!r}: explain models the runtime's {', '.join(RUNTIME_POLICIES[:-1])} and "
+                             f"{RUNTIME_POLICIES[-1]} policies")
     return make_policy(policy, **options)
 
 
@@ -82,13 +90,20 @@ def resolved_budgets(bm: BudgetMap, model: ModelIdentity, context: int, policy: 
                      capacity: int | None = None) -> np.ndarray:
     """``int64 [layers][kv_heads]`` the budgets :class:`~headprobe.runtime.MapBudget` gives a prompt of
     ``context`` tokens for ``policy`` (a runtime policy or a :class:`MapWindow`): the runtime's function,
-    called."""
+    called (for a map that carries a layer split and a runtime policy, :class:`~headprobe.runtime.split_budget.
+    SplitBudget`'s, which takes no ``capacity``, as ``generate`` resolves it)."""
     import torch
 
     from ...runtime.budget_sources import MapBudget
     from ...runtime.shape import CacheShape
+    from ...runtime.split_budget import SplitBudget, is_split_map
 
-    source = MapBudget(bm, capacity=capacity)
+    if is_split_map(bm) and not isinstance(policy, MapWindow):
+        if capacity is not None:
+            raise HeadprobeError("a layer split keeps its own windows; give no capacity")
+        source = SplitBudget.from_map(bm, model)
+    else:
+        source = MapBudget(bm, capacity=capacity)
     return source.resolve(CacheShape.from_identity(model), torch.tensor([context]), policy)[0].numpy().astype(np.int64)
 
 
@@ -123,6 +138,9 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
         budgets = resolved_budgets(bm, model, n, pol, capacity)
     except HeadprobeError as exc:
         return EngineAllocation.cannot_run("headprobe", command, f"the runtime refuses this map: {exc}", CITES)
+    why = _layer_window_refusal(budgets, model, pol) if policy == "layer_window" else None
+    if why is not None:
+        return EngineAllocation.cannot_run("headprobe", command, f"the runtime refuses this map: {why}", CITES)
     window = min(n, pol.window)
     held = np.empty_like(budgets)
     held_end = np.empty_like(budgets)
@@ -130,7 +148,7 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
     for layer, kind in enumerate(model.layer_types):
         kept, asked = _kept_and_asked(budgets[layer], kind, model, n, m, window, policy)
         limit = kept + asked                              # where a constant-size head evicts
-        end = np.minimum(kept + setting.appended, limit) if policy == "streaming" or kind == "sliding_attention" \
+        end = np.minimum(kept + setting.appended, limit) if policy in CONSTANT_SIZE or kind == "sliding_attention" \
             else kept + setting.appended
         cap = kept + first_room(asked, kept, n, m)
         held[layer], held_end[layer] = kept, end
@@ -140,25 +158,45 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
     if policy == "streaming":
         notes.append("streaming keeps each head at its budget while decoding (the oldest token after the sink "
                      "leaves for each new one), so no decode room is allocated")
+    elif policy == "layer_window":
+        notes.append("layer_window keeps each layer at its window while decoding (the oldest token after the sink "
+                     "leaves for each new one); a global layer keeps every token")
     if "sliding_attention" in model.layer_types:
-        notes.append(f"sliding-window layers keep their window ({model.sliding_window} tokens) whatever the map says")
+        notes.append(f"sliding-window layers keep their window ({model.sliding_window} tokens) "
+                     + ("or the split's, whichever is smaller" if policy == "layer_window" else "whatever the map says"))
     return EngineAllocation("headprobe", command, True, "kv_head", held, held_end, held.copy(), total, total_end, True,
                             notes, CITES)
+
+
+def _layer_window_refusal(budgets: np.ndarray, model: ModelIdentity, pol: Any) -> str | None:
+    """What ``LayerWindow.layer_windows`` refuses: heads of a layer with different budgets, a window no larger
+    than the sink."""
+    for layer, kind in enumerate(model.layer_types):
+        b = budgets[layer]
+        if b.min() != b.max():
+            return (f"policy layer_window: layer {layer} has different budgets per head; an engine's window is one "
+                    "per layer (use a layer split or a capacity)")
+        window = min(int(b.max()), int(model.sliding_window)) if kind == "sliding_attention" else int(b.max())
+        if window <= pol.sink:
+            return f"policy layer_window: layer {layer} keeps {window} tokens, not more than the sink ({pol.sink})"
+    return None
 
 
 def _kept_and_asked(b: np.ndarray, kind: str, model: ModelIdentity, n: int, m: int, window: int,
                     policy: str) -> tuple[np.ndarray, np.ndarray]:
     """A layer's kept prompt tokens per head and the decode room its policy asks for (``Policy.reserve``)."""
-    if kind == "sliding_attention":
+    if policy == "layer_window" and kind == "sliding_attention":      # LayerWindow serves the model's own window
+        b = np.minimum(b, int(model.sliding_window))
+    elif kind == "sliding_attention":
         sw = int(model.sliding_window)
         kept = np.full_like(b, min(sw - 1, n))
         return kept, np.maximum(sw - kept, 1)
     kept = np.maximum(np.minimum(b, n), window)
-    if policy == "streaming":
+    if policy in CONSTANT_SIZE:
         limit = np.minimum(b, kept + m)
         return kept, np.maximum(limit - kept, 0) + (limit == 0)
     return kept, np.full_like(kept, m)
 
 
-__all__ = ("RUNTIME_POLICIES", "MapWindow", "generate_command", "resolved_budgets", "runtime_allocation",
+__all__ = ("CONSTANT_SIZE", "RUNTIME_POLICIES", "MapWindow", "generate_command", "resolved_budgets", "runtime_allocation",
            "runtime_policy", "store_bytes")
