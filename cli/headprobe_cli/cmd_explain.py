@@ -22,9 +22,11 @@ def register(sub, formatter) -> None:
                     "KV head, its share of a full cache, and what each engine allocates for it: headprobe's runtime "
                     "(budgets plus decode room), kvpress (masking presses keep the whole cache), HeadKV and "
                     "KVCache-Factory (budgets cut at the prefix; caches per query head on GQA models), DuoAttention "
-                    "(full heads x N plus streaming heads x (sink + recent)). INPUT is a budget map, one or two "
-                    "profiles (allocated as `headprobe allocate` would), a DuoAttention folder, or a HeadKV / "
-                    "Retrieval_Head score file; or give --press and --ratio instead. No model weights are loaded: "
+                    "(full heads x N plus streaming heads x (sink + recent)), and for a layer split vLLM (pages of "
+                    "its window), TensorRT-LLM (a pool per window) and llama.cpp (cells allocated up front). INPUT "
+                    "is a budget map (a layer split's included) or a layer-split file, one or two profiles "
+                    "(allocated as `headprobe allocate` would), a DuoAttention folder, or a HeadKV / Retrieval_Head "
+                    "score file; or give --press and --ratio instead. No model weights are loaded: "
                     "--model gives the shape of files that carry none. --to budget writes the equivalent headprobe "
                     "budget map, to run it with `headprobe generate --budget`. See docs/explain.md.",
         epilog="examples:\n"
@@ -34,9 +36,10 @@ def register(sub, formatter) -> None:
                "--plot duo.png\n"
                "  headprobe explain Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json --context 900 "
                "--capacity 128 --beta 1.5 --to budget -o llama3_headkv.json\n"
-               "  headprobe explain --press snapkv --ratio 0.75 --model mistral-7b --context 16384 --json out.json")
+               "  headprobe explain --press snapkv --ratio 0.75 --model mistral-7b --context 16384 --json out.json\n"
+               "  headprobe explain split_map.json --context 8192     # a layer split: vLLM, TensorRT-LLM, llama.cpp")
     p.add_argument("inputs", nargs="*", metavar="INPUT",
-                   help="budget map, profile(s), DuoAttention folder or HeadKV score file")
+                   help="budget map, layer split, profile(s), DuoAttention folder or HeadKV score file")
     p.add_argument("--context", type=int, required=True, metavar="N", help="prompt tokens of each sequence")
     p.add_argument("--model", default=None,
                    help="alias, HF id or folder: the shape of inputs that carry none (read from its config, no "
@@ -45,7 +48,7 @@ def register(sub, formatter) -> None:
     p.add_argument("--dtype", default="bfloat16", help="element type of the cached keys and values: float32, "
                    "bfloat16 or float16")
     p.add_argument("--max-new-tokens", type=int, default=64, help="tokens generated after the prompt")
-    p.add_argument("--policy", default=None, help="headprobe runtime policy: snapkv or streaming (default: how the "
+    p.add_argument("--policy", default=None, help="headprobe runtime policy: snapkv, streaming or layer_window (default: how the "
                    "budget runs best, printed)")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE", help="policy option, repeatable")
     _add_profile_arguments(p)

@@ -31,6 +31,7 @@ from .engines.kvpress import (
     press_allocation,
 )
 from .engines.kvpress_presses import check_ratio, press_kept, press_spec, run_with
+from .engines.serving_windows import not_a_split_rows, serving_rows, split_of_map
 from .explanation import Explanation
 from .model_shape import model_shape
 from .setting import DEFAULT_NEW_TOKENS, Setting
@@ -93,12 +94,14 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
                    gqa: str | None = None, press: str | None = None, ratio: float | None = None,
                    press_options: Mapping[str, Any] | None = None) -> Explanation:
     """Explain a budget at a context length: tokens and bytes per layer and KV head, and what every engine
-    (headprobe's runtime, kvpress, HeadKV, KVCache-Factory, DuoAttention) allocates for it.
+    (headprobe's runtime, kvpress, HeadKV, KVCache-Factory, DuoAttention; vLLM, TensorRT-LLM and llama.cpp for
+    a layer split) allocates for it.
 
     Parameters
     ----------
     inputs
-        A budget map; one or two profiles; a DuoAttention folder (or its TSV); a HeadKV / Retrieval_Head
+        A budget map (one of ``allocate --method layer_split`` included) or a layer-split file; one or two
+        profiles; a DuoAttention folder (or its TSV); a HeadKV / Retrieval_Head
         score file; or nothing, with ``press`` and ``ratio``.
     context
         ``N``: prompt tokens of each sequence.
@@ -110,7 +113,8 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         Sequences at once, the cache's element type (``float32``, ``bfloat16``, ``float16``) and tokens
         generated after the prompt.
     policy, policy_options
-        The runtime policy headprobe's row uses (``snapkv`` or ``streaming``) and its options; default: how
+        The runtime policy headprobe's row uses (``snapkv``, ``streaming`` or ``layer_window``) and its
+        options; default: how
         the budget map says it runs (``method.run_with``), else ``snapkv`` with the map's window.
     method, capacity, beta, window, sink, temperature, reduction, task
         A profile's allocation, as ``headprobe allocate`` takes them (default ``headkv`` for a head-score
@@ -203,6 +207,10 @@ def _budget_tokens(conversion: Conversion, inp: ExplainInput, setting: Setting, 
     """The budget's tokens at the context when headprobe's runtime refuses the chosen policy: the map read with
     its own window, else its budgets capped at the context."""
     bm = conversion.budget_map
+    split = split_of_map(bm)
+    if split is not None:                         # a layer split: its windows at any context, nothing rescaled
+        kept = np.asarray(split.kept_tokens(setting.context), dtype=np.int64)
+        return np.repeat(kept[:, None], inp.model.num_kv_heads, axis=1)
     try:
         return resolved_budgets(bm, inp.model, setting.context, MapWindow(int(bm.method.get("window") or 0)), rescale)
     except HeadprobeError:
@@ -239,15 +247,22 @@ def _map_policy(bm) -> tuple[str, dict[str, Any]]:
 def _budget_map(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     bm = inp.budget_map
     policy, options = _map_policy(bm)
-    rows = _map_rows(bm, inp.model, setting, o["capacity"])
+    split = split_of_map(bm)
+    rows = serving_rows(split, inp.model, setting) if split is not None else []
+    rows += _map_rows(bm, inp.model, setting, o["capacity"])
     why = ("takes a score file and allocates by its own formula, not a per-head budget map; explain the profile "
            "the map came from (with its HeadKV setting) instead")
     rows += _no_headkv(why)
     rows.append(_no_duo("splits whole KV heads into full and streaming; a budget map gives every head its own "
                         "token count (headprobe export MAP --to duoattention makes such a split)"))
+    if split is None:
+        rows += not_a_split_rows()
     notes = []
     made_for = bm.method.get("prompt_len")
-    if isinstance(made_for, int) and made_for != setting.context and bm.method.get("run_with"):
+    if split is not None:
+        notes.append(f"a layer split ({split.engine}, sized at {split.context} tokens) keeps its windows at any "
+                     f"context: local layers their window, global layers {split.global_layers} every token")
+    elif isinstance(made_for, int) and made_for != setting.context and bm.method.get("run_with"):
         notes.append(f"this map is exact for a {made_for}-token context (method.prompt_len); at {setting.context} "
                      "tokens the runtime rescales it by its shares")
     applied = f"{bm.method.get('allocator')}" + (f", rescaled to capacity {o['capacity']}" if o["capacity"] else "")
@@ -282,6 +297,7 @@ def _profile(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
         rows += _factory_rows(scores, inp.model, setting, capacity, beta, o["temperature"])
     rows.append(_no_duo("takes a head pattern; headprobe export PROFILE --to duoattention writes one (a different "
                         "budget: whole heads full or streaming)"))
+    rows += not_a_split_rows()
     params = ", ".join(f"{k} {bm.method[k]}" for k in ("capacity", "beta", "window", "sink", "temperature")
                        if bm.method.get(k) is not None)
     return Conversion(bm, policy, options), rows, [], f"allocated: {method}, {params}"
@@ -320,6 +336,7 @@ def _duoattention(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
             duo_attention_press(duo, ratio, f"head_compression_ratio from {where}", inp.model, setting)]
     rows += _no_headkv("takes a score file and gives every query head its own budget; a DuoAttention pattern makes "
                        "whole KV heads full or streaming")
+    rows += not_a_split_rows()
     notes = []
     if setting.context <= duo.sink_size + duo.recent_size:
         notes.append(f"at {setting.context} tokens a streaming head holds the whole context (sink_size + "
@@ -343,6 +360,7 @@ def _headkv(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     rows.append(budget_map_press(conversion.budget_map, inp.model, setting))
     rows.append(_no_duo("takes a head pattern, not a score file (headprobe import FILE, then export --to "
                         "duoattention)"))
+    rows += not_a_split_rows()
     notes = []
     if inp.model.group_size > 1:
         rule = ("the rounded mean of its query heads' tokens (KVCache-Factory's kv_head granularity)" if gqa == "mean"
@@ -366,6 +384,7 @@ def _kvpress(inp: ExplainInput, setting: Setting, o: dict[str, Any]):  # noqa: A
     rows = [press_allocation(press, inp.model, setting)]
     rows += _no_headkv("takes a score file; a kvpress ratio has no head scores")
     rows.append(_no_duo("takes a head pattern; a kvpress ratio has none"))
+    rows += not_a_split_rows()
     notes = []
     if policy == "snapkv" and spec.name not in ("snapkv", "pyramidkv", "adakv"):
         notes.append(f"headprobe has no {spec.cls} policy: its row selects tokens with snapkv (the same budgets)")

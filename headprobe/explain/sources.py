@@ -2,7 +2,8 @@
 or nothing but a kvpress press name and ratio.
 
 :func:`read_input` tells the kind from the path (a folder or ``.tsv`` is a DuoAttention pattern; a JSON
-file is a headprobe file by its ``format``, else a HeadKV / Retrieval_Head score file) and reads it with
+file is a headprobe file by its ``format``, else a HeadKV / Retrieval_Head score file; a layer-split file
+is read as the budget map ``allocate --method layer_split`` writes for it) and reads it with
 headprobe's own readers, so every file is validated as ``headprobe import`` and ``allocate`` validate it.
 """
 
@@ -17,6 +18,7 @@ import numpy as np
 from ..budget_map import BUDGET_FORMAT, BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
 from ..files.jsonio import file_fingerprint, read_json
+from ..layer_split import SPLIT_FORMAT, LayerSplit
 from ..models.identity import ModelIdentity
 from ..profile import PROFILE_FORMAT, Profile
 
@@ -81,6 +83,8 @@ class ExplainInput:
         per query head ``[layers][query_heads]``; the kvpress press.
     score_source
         ``"headkv"`` or ``"retrieval_head"`` for a score file.
+    label
+        What the file is, when its kind does not say it (``"layer split"``).
     """
 
     kind: str
@@ -93,13 +97,15 @@ class ExplainInput:
     scores: np.ndarray | None = None
     score_source: str | None = None
     press: PressSetting | None = None
+    label: str | None = None
 
     def describe(self) -> str:
         """What was read, in a few words: ``"budget map budgets/x.json"``."""
         if self.kind == "kvpress":
             ratio = "" if self.press.ratio is None else f" at ratio {self.press.ratio:g}"
             return f"kvpress {self.press.name}{ratio}"
-        return f"{KIND_NAMES[self.kind].removeprefix('a ')} " + " + ".join(str(p) for p in self.paths)
+        what = self.label or KIND_NAMES[self.kind].removeprefix("a ")
+        return f"{what} " + " + ".join(str(p) for p in self.paths)
 
 
 def input_kind(path: Path) -> str:
@@ -110,14 +116,14 @@ def input_kind(path: Path) -> str:
         return "duoattention"
     obj = read_json(path, "input file")
     fmt = obj.get("format") if isinstance(obj, dict) else None
-    if fmt == BUDGET_FORMAT:
+    if fmt in (BUDGET_FORMAT, SPLIT_FORMAT):
         return "budget_map"
     if fmt == PROFILE_FORMAT:
         return "profile"
     if isinstance(obj, dict) and fmt is None and obj:
         return "headkv"
     raise FileFormatError(path, "format" if fmt is not None else None,
-                          f"expected a headprobe budget map or profile, a HeadKV / Retrieval_Head score file "
+                          f"expected a headprobe budget map, layer split or profile, a HeadKV / Retrieval_Head score file "
                           f"{{\"<layer>-<head>\": [scores]}} or a DuoAttention folder; found "
                           f"{fmt or type(obj).__name__!r}")
 
@@ -172,6 +178,14 @@ def _fits(found: ModelIdentity, model: ModelIdentity | None, what: str) -> Model
 
 
 def _budget_map(path: Path, model: ModelIdentity | None) -> ExplainInput:
+    obj = read_json(path, "input file")
+    if obj.get("format") == SPLIT_FORMAT:
+        from ..allocation.layer_split_choice import split_budget_map
+
+        split = LayerSplit.load(path)
+        ident = _fits(split.model, model, f"layer split {path}")
+        return ExplainInput("budget_map", ident, [path], file_fingerprint(path), budget_map=split_budget_map(split),
+                            label="layer split")
     bm = BudgetMap.load(path)
     if bm.granularity != "kv_head":
         raise HeadprobeError(f"{path}: a query-head budget map (allocated with {param('compat', 'headkv')}) holds "

@@ -104,7 +104,7 @@ REFUSALS = [
                                                      "streaming and layer_window policies")),
     ([R2, "--context", "100", "--option", "window=4"], "--option needs --policy"),
     ([R2, "--context", "100", "--gqa", "max"], "--gqa max: expected one of mean, sum"),
-    (["{list}", "--context", "100"], "expected a headprobe budget map or profile, a HeadKV / Retrieval_Head score file"),
+    (["{list}", "--context", "100"], "expected a headprobe budget map, layer split or profile, a HeadKV / Retrieval_Head score file"),
     (["{mystery}", "--context", "100"], "cannot tell the model from the name 'mystery_heads'; pass --model"),
     (["{compat}", "--context", "100"], "a query-head budget map (allocated with --compat headkv)"),
     (["{map}", "--context", "100", "--model", "gemma3-270m"], "budget map"),
