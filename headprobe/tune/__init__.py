@@ -5,6 +5,8 @@
 - :mod:`.split`: calibration and held-out items;
 - :mod:`.memory`: a memory target (share or bytes at a context) as tokens per KV head;
 - :mod:`.runner`: the two stages and the held-out eval, every trial an eval trial;
+- :mod:`.candidates` and :mod:`.space_check`: the candidates checked against the model (before it loads, where its
+  shape tells), each made once and each budget resolved once per tune;
 - :mod:`.report` and :mod:`.figure`: the report, the chosen budget maps and setting strings, the figure.
 
 Names are imported from their modules on first use (see :mod:`headprobe.lazy_exports`).

@@ -33,21 +33,10 @@ import numpy as np
 from ..errors import HeadprobeError
 from ..eval.presets import PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, SettingSpec, expand_specs, parse_settings, parse_spec
-from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
+from .candidates import CandidatePool, found_profiles, question_windows, setting_problem
 from .halving import HalvingRule, Standing, rank_rung, rung_items
 from .plan import TrialPlan, plan_trials
-from .space import (
-    UNIFORM,
-    SearchSpace,
-    allocations,
-    candidate,
-    canonical,
-    count_candidates,
-    dedupe,
-    preset_seeds,
-    selection_of,
-    selections,
-)
+from .space import UNIFORM, SearchSpace, canonical, count_candidates, dedupe, selection_of
 from .split import Split
 from .takeover import finish_staging, start_folder
 
@@ -296,15 +285,14 @@ class TuneRuns:
     """Runs eval over the tune's run folder, rank-aware, and keeps every trial in a :class:`TrialStore`."""
 
     def __init__(self, lm: Any, request: TuneRequest, out: str | Path, ranks: Any, resume: bool, force: bool,
-                 progress: ProgressFactory | None) -> None:
-        self.lm, self.request, self.ranks = lm, request, ranks
+                 progress: ProgressFactory | None, pool: CandidatePool) -> None:
+        self.lm, self.request, self.ranks, self.pool = lm, request, ranks, pool
         self.out = Path(out)
         # a forced run over an earlier one stages its runs until the first is logged (headprobe.tune.takeover)
         self.folder, self.staged = start_folder(runs_dir(out), resume, force, ranks.is_main)
         self.resume, self.force, self.progress = resume, force, progress
         self.store = TrialStore()
-        self.budgets: dict[str, Any] = {}         # label -> budget resolved as the setting was checked (once)
-        self.problems: dict[str, str | None] = {}  # label -> why it cannot run (None: it can), checked once
+        self.budgets = pool.budgets               # label -> budget resolved as the setting was checked (once)
         self.records: list[RunRecord] = []
         self.plan: TrialPlan | None = None
         self._total: Callable[[int], None] | None = None
@@ -372,46 +360,6 @@ class TuneRuns:
         self.records.append(RunRecord(path.name, stage, len(settings), list(ids), trials,
                                       time.perf_counter() - wall, time.process_time() - cpu))
         return cells
-
-
-# ---- checking candidates against the model --------------------------------------------------------------
-
-def setting_problem(lm: Any, setting: EvalSetting, task: TuneTask, profile_dirs: list[Path] | None,
-                    windows: dict[str, int], resolved: dict[str, Any] | None = None) -> str | None:
-    """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
-    (a missing profile, a capacity no larger than its window) or a question window does not fit. The budget
-    resolved for the check is kept in ``resolved`` (by label), so the trials do not resolve it again."""
-    from ..eval.runner import resolve_budgets
-
-    try:
-        setting.check_policy()
-        budgets = resolve_budgets(lm, [setting], profile_dirs)
-        if resolved is not None:
-            resolved.update(budgets)
-        if setting.question_window:
-            if task.kind in ("dataset", "ruler"):
-                return "window=question needs a prompt whose question the harness placed"
-            for item, window in windows.items():
-                try:
-                    budgets[setting.label](window)
-                except HeadprobeError as exc:
-                    return f"{exc} (item {item})"
-    except HeadprobeError as exc:
-        return str(exc)
-    return None
-
-
-def question_windows(lm: Any, task: TuneTask) -> dict[str, int]:
-    """Every item's question window (tokens from its question to the end of the prompt), measured on its
-    prompt at the first length and depth; empty for a dataset."""
-    if task.kind in ("dataset", "ruler"):
-        return {}
-    from ..eval.runner import EvalRequest, GridPrompts
-
-    request = EvalRequest([], task.items, list(task.lengths), list(task.depths), task.haystack, {})
-    prompts = GridPrompts(lm, request)
-    prompts.check_lengths()
-    return {i.id: prompts(i, task.lengths[0], task.depths[0]).question_window for i in task.items}
 
 
 # ---- races ------------------------------------------------------------------------------------------------
@@ -543,30 +491,14 @@ class TuneOutcome:
     plan: TrialPlan | None = None
 
 
-def found_profiles(identity: Any, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
-    """The newest profile of each kind the search space's allocations read (head scores of
-    :data:`~headprobe.profile_kinds.HEAD_SCORE_KINDS`, then layer retention) that exists for the model
-    ``identity``."""
-    from ..allocation.api import find_profiles
-
-    out = {}
-    for kind in (*HEAD_SCORE_KINDS, *KindNames("layer_retention")):
-        found = find_profiles(identity, kind, profile_dirs)
-        if found:
-            out[kind] = found[0].profile
-    return out
-
-
 def _checked(runs: TuneRuns, settings: Sequence[EvalSetting], windows: dict[str, int], skipped: dict[str, str],
              race: Race | None = None) -> list[EvalSetting]:
-    """The settings that can run (:func:`setting_problem`, their budgets kept in ``runs.budgets``); why the
-    others cannot goes in ``skipped`` (and the settings in ``race.skipped_settings``)."""
+    """The settings that can run (:func:`setting_problem`, each checked once and its budget kept in
+    ``runs.budgets``, a preset also raced included); why the others cannot goes in ``skipped`` (and the
+    settings in ``race.skipped_settings``)."""
     ok = []
     for s in settings:
-        if s.label not in runs.problems:        # a preset also raced as a seed or a candidate is checked once
-            runs.problems[s.label] = setting_problem(runs.lm, s, runs.request.task, runs.request.profile_dirs,
-                                                     windows, runs.budgets)
-        problem = runs.problems[s.label]
+        problem = runs.pool.problem(runs.lm, s, runs.request.task, windows)
         if problem is None:
             ok.append(s)
         else:
@@ -577,7 +509,8 @@ def _checked(runs: TuneRuns, settings: Sequence[EvalSetting], windows: dict[str,
 
 
 def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, resume: bool = False,
-             force: bool = False, progress: ProgressFactory | None = None) -> TuneOutcome:
+             force: bool = False, progress: ProgressFactory | None = None,
+             candidates: CandidatePool | None = None) -> TuneOutcome:
     """Search the space on the calibration items, then evaluate the chosen settings and the presets on the
     held-out ones. Writes the eval runs into :func:`runs_dir` of ``out`` (the report is written by
     :func:`headprobe.tune.report.write_outputs`).
@@ -596,6 +529,10 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
         Continue the eval runs from their logs, or replace them.
     progress
         ``progress(description, total)`` → a callable advanced by finished trials.
+    candidates
+        What :func:`~headprobe.tune.space_check.check_space` made before the model loaded: its candidates,
+        their problems and budgets are taken, not made again, when it was made for a model of this identity,
+        this space and these profile folders (otherwise, and without it, the run makes its own).
 
     Raises
     ------
@@ -613,15 +550,17 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
     space, task, rule = request.space, request.task, request.rule
     task.generate(lm.tokenizer, lm.identity.max_context)        # RULER's samples, for this tokenizer
     windows = question_windows(lm, task)
-    runs = TuneRuns(lm, request, out, ranks, resume, force, progress)
-    profiles = found_profiles(lm.identity, request.profile_dirs)
-    sels, allocs = selections(space), allocations(space, profiles)
+    pool = candidates
+    if pool is None or not pool.serves(lm, space, request.profile_dirs):
+        pool = CandidatePool(lm.identity, space, request.profile_dirs, found_profiles(lm.identity, request.profile_dirs))
+    runs = TuneRuns(lm, request, out, ranks, resume, force, progress, pool)
     calibration = list(request.split.calibration)
 
-    stage1 = [_selection_race(runs, cap, sels, windows) for cap in request.capacities]
-    runs.start_total(plan_trials(request, max(len(r.candidates) for r in stage1), count_candidates(space, profiles)[1]))
+    stage1 = [_selection_race(runs, cap, windows) for cap in request.capacities]
+    runs.start_total(plan_trials(request, max(len(r.candidates) for r in stage1),
+                                 count_candidates(space, pool.profiles)[1]))
     _run_races(runs, "selection", stage1, calibration, rule)
-    stage2 = [_allocation_race(runs, race1, allocs, windows) for race1 in stage1]
+    stage2 = [_allocation_race(runs, race1, windows) for race1 in stage1]
     _run_races(runs, "allocation", stage2, calibration, rule)
     chosen = {race.capacity: next(c for c in race.candidates if c.label == race.final()[0].label) for race in stage2}
 
@@ -637,7 +576,7 @@ def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, 
                        time.perf_counter() - wall, time.process_time() - cpu, held_as, runs.plan)
 
 
-def _selection_race(runs: TuneRuns, cap: int, sels: Sequence[Any], windows: dict[str, int]) -> Race:
+def _selection_race(runs: TuneRuns, cap: int, windows: dict[str, int]) -> Race:
     """The selection stage's race at capacity ``cap``: every selection with uniform budgets that can run.
 
     Raises
@@ -646,8 +585,7 @@ def _selection_race(runs: TuneRuns, cap: int, sels: Sequence[Any], windows: dict
         No selection of the space can run at ``cap``.
     """
     race = Race(cap, [])
-    generated = dedupe([candidate(s, UNIFORM, cap) for s in sels])
-    race.candidates = _checked(runs, generated, windows, race.skipped, race)
+    race.candidates = _checked(runs, runs.pool.selection_stage(cap), windows, race.skipped, race)
     race.origin = {c.label: "generated" for c in race.candidates}
     if not race.candidates:
         raise HeadprobeError(f"capacity {cap}: no selection of the space can run ("
@@ -655,15 +593,15 @@ def _selection_race(runs: TuneRuns, cap: int, sels: Sequence[Any], windows: dict
     return race
 
 
-def _allocation_race(runs: TuneRuns, race1: Race, allocs: Sequence[Any], windows: dict[str, int]) -> Race:
+def _allocation_race(runs: TuneRuns, race1: Race, windows: dict[str, int]) -> Race:
     """The allocation stage's race at ``race1``'s capacity: its best ``keep_selections`` selections (carried,
     with their trials) crossed with every allocation, plus the preset candidates that can run."""
-    space, cap = runs.request.space, race1.capacity
+    pool, cap = runs.pool, race1.capacity
     by_label = {c.label: c for c in race1.candidates}
-    carried = [by_label[lab] for lab in race1.ranking()[:space.keep_selections]]
+    carried = [by_label[lab] for lab in race1.ranking()[:runs.request.space.keep_selections]]
     race = Race(cap, [])
-    seeds = preset_seeds(space, cap) if space.presets else []
-    generated = [candidate(selection_of(c), a, cap) for c in carried for a in allocs if a != UNIFORM]
+    seeds = pool.seeds(cap)
+    generated = [pool.candidate(selection_of(c), a, cap) for c in carried for a in pool.allocations if a != UNIFORM]
     pool = dedupe([*carried, *seeds, *generated])
     origin = {c.label: "carried" for c in carried}
     for seed in seeds:
