@@ -10,14 +10,19 @@ import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError
 from ..eval.settings import EvalSetting
 from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
 
+if TYPE_CHECKING:
+    from ..models.identity import HasIdentity, ModelIdentity
+    from ..models.loading import LoadedModel
+    from .space import SearchSpace
 
-def setting_problem(lm: Any, setting: EvalSetting, task: Any, profile_dirs: list[Path] | None,
+
+def setting_problem(lm: HasIdentity, setting: EvalSetting, task: Any, profile_dirs: list[Path] | None,
                     windows: dict[str, int], resolved: dict[str, Any] | None = None) -> str | None:
     """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
     (a missing profile, a capacity no larger than its window) or a question window does not fit. The budget
@@ -42,7 +47,7 @@ def setting_problem(lm: Any, setting: EvalSetting, task: Any, profile_dirs: list
     return None
 
 
-def question_windows(lm: Any, task: Any) -> dict[str, int]:
+def question_windows(lm: LoadedModel, task: Any) -> dict[str, int]:
     """Every item's question window (tokens from its question to the end of the prompt), measured on its
     prompt at the first length and depth; empty for a dataset."""
     if task.kind in ("dataset", "ruler"):
@@ -55,7 +60,7 @@ def question_windows(lm: Any, task: Any) -> dict[str, int]:
     return {i.id: prompts(i, task.lengths[0], task.depths[0]).question_window for i in task.items}
 
 
-def found_profiles(identity: Any, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
+def found_profiles(identity: ModelIdentity, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
     """The newest profile of each kind the search space's allocations read (head scores of
     :data:`~headprobe.profile_kinds.HEAD_SCORE_KINDS`, then layer retention) that exists for the model
     ``identity``."""
@@ -96,8 +101,8 @@ class CandidatePool:
         Label → the budget resolved as the setting was checked.
     """
 
-    identity: Any
-    space: Any
+    identity: ModelIdentity
+    space: SearchSpace
     profile_dirs: list[Path] | None
     profiles: dict[str, Any]
     problems: dict[str, str | None] = field(default_factory=dict)
@@ -106,7 +111,7 @@ class CandidatePool:
     _stage1: dict[int, list[EvalSetting]] = field(default_factory=dict, repr=False)
     _seeds: dict[int, list[EvalSetting]] = field(default_factory=dict, repr=False)
 
-    def serves(self, lm: Any, space: Any, profile_dirs: list[Path] | None) -> bool:
+    def serves(self, lm: LoadedModel, space: SearchSpace, profile_dirs: list[Path] | None) -> bool:
         """Whether what was found holds for ``lm`` (an equal identity), ``space`` and ``profile_dirs``."""
         return self.identity == lm.identity and self.space == space and self.profile_dirs == profile_dirs
 
@@ -152,7 +157,7 @@ class CandidatePool:
             self._seeds[capacity] = preset_seeds(self.space, capacity) if self.space.presets else []
         return self._seeds[capacity]
 
-    def problem(self, lm: Any, setting: EvalSetting, task: Any, windows: Mapping[str, int]) -> str | None:
+    def problem(self, lm: HasIdentity, setting: EvalSetting, task: Any, windows: Mapping[str, int]) -> str | None:
         """Why ``setting`` cannot run (:func:`~headprobe.tune.runner.setting_problem`), checked once; its budget
         is kept in :attr:`budgets`."""
         if setting.label not in self.problems:

@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -39,6 +39,9 @@ from .plan import TrialPlan, plan_trials
 from .space import UNIFORM, SearchSpace, canonical, count_candidates, dedupe, selection_of
 from .split import Split
 from .takeover import finish_staging, start_folder
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 #: ``progress(description, total)`` → a callable advanced by the trials just finished.
 ProgressFactory = Callable[[str, int], Callable[[int], None]]
@@ -284,7 +287,7 @@ class RunRecord:
 class TuneRuns:
     """Runs eval over the tune's run folder, rank-aware, and keeps every trial in a :class:`TrialStore`."""
 
-    def __init__(self, lm: Any, request: TuneRequest, out: str | Path, ranks: Any, resume: bool, force: bool,
+    def __init__(self, lm: LoadedModel, request: TuneRequest, out: str | Path, ranks: Any, resume: bool, force: bool,
                  progress: ProgressFactory | None, pool: CandidatePool) -> None:
         self.lm, self.request, self.ranks, self.pool = lm, request, ranks, pool
         self.out = Path(out)
@@ -508,7 +511,7 @@ def _checked(runs: TuneRuns, settings: Sequence[EvalSetting], windows: dict[str,
     return ok
 
 
-def run_tune(lm: Any, request: TuneRequest, out: str | Path, ranks: Any = None, resume: bool = False,
+def run_tune(lm: LoadedModel, request: TuneRequest, out: str | Path, ranks: Any = None, resume: bool = False,
              force: bool = False, progress: ProgressFactory | None = None,
              candidates: CandidatePool | None = None) -> TuneOutcome:
     """Search the space on the calibration items, then evaluate the chosen settings and the presets on the

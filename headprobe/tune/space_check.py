@@ -17,11 +17,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, param
 from ..eval.settings import EvalSetting
 from .candidates import CandidatePool
+
+if TYPE_CHECKING:
+    from ..models.identity import HasIdentity, ModelIdentity
 
 
 @dataclass(frozen=True)
@@ -34,10 +37,10 @@ class ShapeOnly:
         The model's :class:`~headprobe.models.identity.ModelIdentity`.
     """
 
-    identity: Any
+    identity: ModelIdentity
 
 
-def _problems(pool: CandidatePool, lm: Any, request: Any, settings: Sequence[EvalSetting],
+def _problems(pool: CandidatePool, lm: HasIdentity, request: Any, settings: Sequence[EvalSetting],
               windows: Mapping[str, int] | None) -> dict[str, str | None]:
     """Label → why the setting cannot run, ``None`` when it can; without ``windows``, a setting whose window
     is the question cannot be checked yet and is left out."""
@@ -84,7 +87,7 @@ def _check_values(space: Any, settings: Sequence[EvalSetting], problems: Mapping
                 raise HeadprobeError(f"{param('values', f'{key}={value}')}: {problems[carrying[0].label]}")
 
 
-def check_space(lm: Any, request: Any, profiles: Mapping[str, Any],
+def check_space(lm: HasIdentity, request: Any, profiles: Mapping[str, Any],
                 windows: Mapping[str, int] | None = None) -> CandidatePool:
     """Refuse a space that leaves nothing to race at a capacity, or a ``values`` entry nothing can run with;
     return the candidates made and what was found about them, for the run to take.
