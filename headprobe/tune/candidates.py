@@ -19,10 +19,11 @@ from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
 if TYPE_CHECKING:
     from ..models.identity import HasIdentity, ModelIdentity
     from ..models.loading import LoadedModel
+    from .request import TuneTask
     from .space import SearchSpace
 
 
-def setting_problem(lm: HasIdentity, setting: EvalSetting, task: Any, profile_dirs: list[Path] | None,
+def setting_problem(lm: HasIdentity, setting: EvalSetting, task: TuneTask, profile_dirs: list[Path] | None,
                     windows: dict[str, int], resolved: dict[str, Any] | None = None) -> str | None:
     """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
     (a missing profile, a capacity no larger than its window) or a question window does not fit. The budget
@@ -47,7 +48,7 @@ def setting_problem(lm: HasIdentity, setting: EvalSetting, task: Any, profile_di
     return None
 
 
-def question_windows(lm: LoadedModel, task: Any) -> dict[str, int]:
+def question_windows(lm: LoadedModel, task: TuneTask) -> dict[str, int]:
     """Every item's question window (tokens from its question to the end of the prompt), measured on its
     prompt at the first length and depth; empty for a dataset."""
     if task.kind in ("dataset", "ruler"):
@@ -93,7 +94,7 @@ class CandidatePool:
     profile_dirs
         The profile folders budgets resolve from (``None``: the default ones).
     profiles
-        The profiles found for the model, by kind (:func:`~headprobe.tune.runner.found_profiles`).
+        The profiles found for the model, by kind (:func:`found_profiles`).
     problems
         Label → why the setting cannot run (``None``: it can), checked once (a setting whose window is the
         question only once the prompts are known).
@@ -158,7 +159,7 @@ class CandidatePool:
         return self._seeds[capacity]
 
     def problem(self, lm: HasIdentity, setting: EvalSetting, task: Any, windows: Mapping[str, int]) -> str | None:
-        """Why ``setting`` cannot run (:func:`~headprobe.tune.runner.setting_problem`), checked once; its budget
+        """Why ``setting`` cannot run (:func:`setting_problem`), checked once; its budget
         is kept in :attr:`budgets`."""
         if setting.label not in self.problems:
             self.problems[setting.label] = setting_problem(lm, setting, task, self.profile_dirs, dict(windows),

@@ -52,7 +52,7 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
                        force: bool) -> None:
     """Refuse, before the model loads, a run that would replace what an earlier run left.
 
-    The run folder (:func:`~headprobe.tune.runner.runs_dir`) needs ``resume`` or ``force`` when it holds
+    The run folder (:func:`~headprobe.tune.trial_runs.runs_dir`) needs ``resume`` or ``force`` when it holds
     runs. An existing report, budget map or figure needs ``force``, except that with ``resume`` the files
     an existing tune report at ``out`` lists (it made them) are rewritten.
 
@@ -64,8 +64,8 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
     from ..errors import param
     from ..files.jsonio import check_writable_dir
     from ..files.overwrite import check_overwrite
-    from .runner import runs_dir
     from .takeover import staging_dir
+    from .trial_runs import runs_dir
 
     out = Path(out)
     check_writable_dir(out.parent if str(out.parent) else Path("."))

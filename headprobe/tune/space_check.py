@@ -97,7 +97,7 @@ def check_space(lm: HasIdentity, request: Any, profiles: Mapping[str, Any],
     lm
         The loaded model, or :class:`ShapeOnly` before it loads.
     request
-        The :class:`~headprobe.tune.runner.TuneRequest`.
+        The :class:`~headprobe.tune.request.TuneRequest`.
     profiles
         The profiles found for the model (:func:`~headprobe.tune.candidates.found_profiles`).
     windows
