@@ -182,8 +182,8 @@ _API: dict[str, dict[str, str]] = {
     },
     # tune: the setting that keeps the most accuracy at a memory, searched on calibration items, reported held out
     "tune": {
-        "TuneRequest": "tune.runner",
-        "TuneTask": "tune.runner",
+        "TuneRequest": "tune.request",
+        "TuneTask": "tune.request",
         "run_tune": "tune.runner",
         "SearchSpace": "tune.space",
         "count_candidates": "tune.space",

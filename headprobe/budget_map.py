@@ -54,15 +54,16 @@ class BudgetMap:
 
     def check_fits(self, identity: ModelIdentity, what: str = "budget map") -> None:
         """Refuse the map on a model it was not made for (:meth:`ModelIdentity.check_fits`), once: a map
-        allocated for ``identity`` itself (:func:`~headprobe.allocation.allocate` in this process) fits it,
-        and a map checked against ``identity`` already is not checked again.
+        allocated for ``identity`` itself or an equal one (:func:`~headprobe.allocation.allocate` in this
+        process, e.g. for the model's shape before it loaded) fits it, and a map checked against ``identity``
+        already is not checked again.
 
         Raises
         ------
         ModelMismatchError
             The map was made for another model.
         """
-        if self.model is identity or (self._fitted is not None and self._fitted[0] is self.model
+        if self.model is identity or self.model == identity or (self._fitted is not None and self._fitted[0] is self.model
                                       and self._fitted[1] is identity):
             return
         self.model.check_fits(identity, what=what)

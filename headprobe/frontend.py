@@ -47,7 +47,7 @@ _FRONTEND: dict[str, dict[str, str]] = {
         "probe_grid": "probes:trial_grid",
         "needle_kinds": "probes.inputs",
         "context_probes": "probes.context_pass",
-        "tune_profiles": "tune.runner:found_profiles",
+        "tune_profiles": "tune.candidates:found_profiles",
         "check_tune_space": "tune.space_check:check_space",
         "ShapeOnly": "tune.space_check",
         "cache_dtype": "tune.memory",

@@ -197,7 +197,8 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     split = headprobe.split_items(task.ids, held, args.holdout_share, args.seed)
     request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
                                     chat_template, not args.no_shared_prefill, memory=memory)
-    frontend.check_tune_space(frontend.ShapeOnly(identity), request, found)   # nothing to race: before the load
+    # nothing to race: refused before the load; the run takes the candidates and budgets made here (from the shape)
+    checked = frontend.check_tune_space(frontend.ShapeOnly(identity), request, found)
     if ranks.is_main:
         print(f"tune: {len(split.calibration)} calibration items ({', '.join(split.calibration)}), "
               f"{len(split.holdout)} held out ({', '.join(split.holdout)}); capacities {capacities}; "
@@ -210,7 +211,7 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
         return tqdm_progress(total, description)
 
     outcome = headprobe.run_tune(lm, request, out, ranks, resume=args.resume, force=args.force,
-                                 progress=progress)
+                                 progress=progress, candidates=checked)
     if not ranks.is_main:
         rank_note(ranks, "done; rank 0 writes the report")
         return 0

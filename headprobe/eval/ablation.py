@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -30,6 +30,9 @@ from ..head_ranking import top_heads
 from ..models.identity import ModelIdentity, identity_from_config
 from ..models.loading import transformers_model
 from ..models.placement import input_device
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel, ModelLike
 
 IMPLEMENTATION = "headprobe_ablate"
 
@@ -94,7 +97,7 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
     return out, None
 
 
-def _identity(model: Any) -> ModelIdentity:
+def _identity(model: ModelLike) -> ModelIdentity:
     """The identity of a :class:`~headprobe.LoadedModel`, or of a bare transformers model's config."""
     identity = getattr(model, "identity", None)
     if isinstance(identity, ModelIdentity):
@@ -124,7 +127,7 @@ class HeadAblation(AttentionSwitch, implementation=IMPLEMENTATION):
 
     attention = staticmethod(_ablate_attention)
 
-    def __init__(self, model: Any, heads: Iterable[tuple[int, int]], return_weights: bool = False) -> None:
+    def __init__(self, model: ModelLike, heads: Iterable[tuple[int, int]], return_weights: bool = False) -> None:
         super().__init__(transformers_model(model))
         identity = _identity(model)
         layers, qheads = identity.num_layers, identity.num_query_heads
@@ -147,7 +150,7 @@ def random_heads(shape: tuple[int, int], k: int, seed: int = 0,
     return sorted(random.Random(seed).sample(pool, k))
 
 
-def needle_accuracy(lm: Any, items: list, contexts: list, heads: list[tuple[int, int]],
+def needle_accuracy(lm: LoadedModel, items: list, contexts: list, heads: list[tuple[int, int]],
                     max_new_tokens: int = 24, progress: Callable[[int], None] | None = None) -> tuple[float, list]:
     """Mean score of greedy answers with ``heads`` masked (stock cache); ``contexts`` pairs with ``items``."""
     from .answer_scores import score_answer
@@ -236,7 +239,7 @@ class AblationPlan:
     log_settings: dict[str, Any]
 
 
-def plan_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
+def plan_ablation(lm: LoadedModel, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
                   haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True) -> AblationPlan:
     """The prompts and runs of :func:`run_ablation`, checked before any run starts.
 
@@ -276,7 +279,7 @@ def plan_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: li
                         max_new_tokens, settings)
 
 
-def run_masked(lm: Any, plan: AblationPlan, run_ids: list[str], progress: Callable[[int], None] | None = None,
+def run_masked(lm: LoadedModel, plan: AblationPlan, run_ids: list[str], progress: Callable[[int], None] | None = None,
                log_path: str | Path | None = None, resume: bool = False,
                force: bool = False) -> dict[str, dict[str, Any]]:
     """Run the plan's runs ``run_ids``: run id → ``{"accuracy", "trials"}``.
@@ -308,7 +311,7 @@ def run_masked(lm: Any, plan: AblationPlan, run_ids: list[str], progress: Callab
     return done
 
 
-def ablation_result(lm: Any, plan: AblationPlan, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
+def ablation_result(lm: LoadedModel, plan: AblationPlan, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ablation result from every run of the plan (:func:`run_masked`)."""
     from .. import __version__
 
@@ -330,7 +333,7 @@ def ablation_result(lm: Any, plan: AblationPlan, done: dict[str, dict[str, Any]]
             "baseline_trials": done["baseline"]["trials"], "rows": rows}
 
 
-def run_ablation(lm: Any, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
+def run_ablation(lm: LoadedModel, profile: Any, ks: list[int], items: list, lengths: list[int], depths: list[float],
                  haystack: Any, seed: int = 0, max_new_tokens: int = 24, chat_template: bool = True,
                  progress: Callable[[int], None] | None = None, log_path: str | Path | None = None,
                  resume: bool = False, force: bool = False) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import os
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError
 from ..files.jsonio import check_writable_dir
@@ -25,6 +25,9 @@ from ..files.overwrite import check_rerun_outputs
 from ..files.trial_log import TrialLog, read_log_records
 from .result import EvalResult
 from .settings import EvalSetting
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 def cell_log_path(out: str | Path) -> Path:
@@ -144,7 +147,7 @@ class CellLog:
     object as a context manager).
     """
 
-    def __init__(self, lm: Any, out: str | Path, task: dict[str, Any], grid: dict[str, Any],
+    def __init__(self, lm: LoadedModel, out: str | Path, task: dict[str, Any], grid: dict[str, Any],
                  settings: list[EvalSetting], log_settings: dict[str, Any], resume: bool = False,
                  force: bool = False, figures: Sequence[str | Path] = ()) -> None:
         from .. import __version__

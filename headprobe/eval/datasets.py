@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, param
 from ..haystack.prompt_format import prompt_format_of
@@ -18,6 +18,9 @@ from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
 from .setting_run import run_setting, run_settings
 from .settings import EvalSetting
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -69,7 +72,7 @@ def load_qa_dataset(source: Any, split: str | None = None, context_field: str | 
     return [QAExample(r.id, r.context, r.question, r.answers) for r in data.rows]
 
 
-def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
+def run_dataset_eval(lm: LoadedModel, examples: list[QAExample], settings: list[EvalSetting], out: str | Path,
                      max_length: int = 4000, max_new_tokens: int = 32, dataset_name: str = "<dataset>",
                      chat_template: bool = True, resume: bool = False, force: bool = False,
                      progress: Callable[[int], None] | None = None,
@@ -131,7 +134,7 @@ def run_dataset_eval(lm: Any, examples: list[QAExample], settings: list[EvalSett
         return cells.finish()
 
 
-def _dataset_log(lm: Any, out: str | Path, examples: list[QAExample], settings: list[EvalSetting],
+def _dataset_log(lm: LoadedModel, out: str | Path, examples: list[QAExample], settings: list[EvalSetting],
                  dataset_name: str, max_length: int, max_new_tokens: int, form: str, answer_task: Any,
                  resume: bool, force: bool, figures: Sequence[str | Path]) -> CellLog:
     """The run's :class:`~headprobe.eval.cell_log.CellLog`: the task block (dataset, scorer, what is scored)
@@ -154,7 +157,7 @@ def _check_windows(settings: list[EvalSetting]) -> None:
                                  "placed (the needle, babi or longgen task); give a window in tokens")
 
 
-def _answers_of(lm: Any, setting: EvalSetting, budget: Any, examples: list[QAExample], prompts: list[list[int]],
+def _answers_of(lm: LoadedModel, setting: EvalSetting, budget: Any, examples: list[QAExample], prompts: list[list[int]],
                 spans: list[tuple[int, int] | None], answer_task: Any, max_new_tokens: int, stop_at_line: bool,
                 progress: Callable[[int], None] | None) -> Iterator[tuple[QAExample, list[int], Any]]:
     """Each example answered under one setting alone (prompt forward included): ``(example, ids, run)``."""
@@ -166,7 +169,7 @@ def _answers_of(lm: Any, setting: EvalSetting, budget: Any, examples: list[QAExa
         yield ex, ids, run
 
 
-def _question_spans(lm: Any, examples: list[Any], prompts: list[list[int]], settings: list[EvalSetting],
+def _question_spans(lm: LoadedModel, examples: list[Any], prompts: list[list[int]], settings: list[EvalSetting],
                     answer_task: Any, chat_template: bool) -> list[tuple[int, int] | None]:
     """Per example, the ``(start, end)`` token positions of its question, when a kvpress setting needs them
     (kvpress compresses the context before the question); ``None`` otherwise.
@@ -192,7 +195,7 @@ def _trial(ex: QAExample, ids: list[int], run: Any, form: str, answer_task: Any)
     return {"item": ex.id, "prompt_len": len(ids), **answer_task.trial(ex, run.text, form), **run.measurements()}
 
 
-def _answer_sharing_prefill(lm: Any, examples: list[QAExample], prompts: list[list[int]],
+def _answer_sharing_prefill(lm: LoadedModel, examples: list[QAExample], prompts: list[list[int]],
                             settings: list[EvalSetting], budgets: dict[str, Any], max_length: int,
                             max_new_tokens: int, form: str,
                             progress: Callable[[int], None] | None, answer_task: Any,

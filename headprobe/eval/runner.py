@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -30,6 +30,10 @@ from .items import EvalItem
 from .result import EvalResult
 from .setting_run import SettingRun, run_setting, run_settings, shares_prefill
 from .settings import MAP_ALLOCATION, EvalSetting, load_setting_map
+
+if TYPE_CHECKING:
+    from ..models.identity import HasIdentity
+    from ..models.loading import LoadedModel
 
 
 @dataclass
@@ -74,7 +78,7 @@ class EvalRequest:
     budgets: Mapping[str, Any] | None = None
 
 
-def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | None = None,
+def resolve_budget(lm: HasIdentity, setting: EvalSetting, profile_dirs: list[Path] | None = None,
                    window: int | None = None) -> Any:
     """The ``budget`` argument of :func:`generate_compressed` for a setting: a capacity or a budget map.
 
@@ -128,7 +132,7 @@ def resolve_budget(lm: Any, setting: EvalSetting, profile_dirs: list[Path] | Non
     return bm
 
 
-def map_budget(lm: Any, setting: EvalSetting, window: int) -> Any:
+def map_budget(lm: HasIdentity, setting: EvalSetting, window: int) -> Any:
     """The budget map of a ``POLICY:FILE.json`` setting, run as it is (its own capacity), once checked: it
     fits the model and every head it caches holds the policy's window.
 
@@ -160,7 +164,7 @@ class WindowBudgets:
     Call it with a window to get the budget.
     """
 
-    lm: Any
+    lm: HasIdentity
     setting: EvalSetting
     profile_dirs: list[Path] | None = None
     by_window: dict[int, Any] = field(default_factory=dict)
@@ -175,7 +179,7 @@ class WindowBudgets:
         return self.by_window[window]
 
 
-def resolve_budgets(lm: Any, settings: list[EvalSetting], profile_dirs: list[Path] | None = None,
+def resolve_budgets(lm: HasIdentity, settings: list[EvalSetting], profile_dirs: list[Path] | None = None,
                     known: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every setting's budget by label (:func:`resolve_budget`), so a bad setting fails before any trial; a
     setting with a question window gets a :class:`WindowBudgets` (checked with :func:`check_question_windows`).
@@ -196,7 +200,7 @@ def trial_setting(setting: EvalSetting, budget: Any, context: TrialContext) -> t
     return setting.with_window(window), budget(window)
 
 
-def run_trial(lm: Any, context: TrialContext, item: EvalItem, setting: EvalSetting, budget: Any,
+def run_trial(lm: LoadedModel, context: TrialContext, item: EvalItem, setting: EvalSetting, budget: Any,
               max_new_tokens: int, prefill: Any = None, reference: str | None = None,
               run: SettingRun | None = None) -> dict[str, Any]:
     """One trial: the answer under the setting's cache, its score, bytes and time.
@@ -236,7 +240,7 @@ def stops_at_line(item: EvalItem) -> bool:
     return item.scorer == "exact"
 
 
-def run_item(lm: Any, context: TrialContext, item: EvalItem, runs: list[tuple[EvalSetting, Any]],
+def run_item(lm: LoadedModel, context: TrialContext, item: EvalItem, runs: list[tuple[EvalSetting, Any]],
              max_new_tokens: int, prefill: Any = None) -> list[dict[str, Any]]:
     """Every setting's trial on one prompt: the settings ``prefill`` serves decode together
     (:func:`~headprobe.eval.setting_run.run_settings`), then each answer is scored (:func:`run_trial`).
@@ -268,7 +272,7 @@ class GridPrompts:
         From :meth:`check_lengths` or a call: a length beyond the model's context or the haystack.
     """
 
-    def __init__(self, lm: Any, request: EvalRequest) -> None:
+    def __init__(self, lm: LoadedModel, request: EvalRequest) -> None:
         self.lm, self.request = lm, request
         self._contexts: dict[tuple[str, int, float], TrialContext] = {}
 
@@ -323,7 +327,7 @@ def check_request(request: EvalRequest) -> None:
     check_count("max_new_tokens", request.max_new_tokens)
 
 
-def open_cell_log(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False,
+def open_cell_log(lm: LoadedModel, request: EvalRequest, out: str | Path, resume: bool = False,
                   force: bool = False, figures: Sequence[str | Path] = ()) -> CellLog:
     """The grid's :class:`~headprobe.eval.cell_log.CellLog`, with what a resumed grid must share; the log
     and the result record the prompt form (``prompt_format``: ``"chat"`` or ``"plain"``)."""
@@ -339,7 +343,7 @@ def open_cell_log(lm: Any, request: EvalRequest, out: str | Path, resume: bool =
     return cells
 
 
-def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings: list[EvalSetting],
+def run_cell_group(lm: LoadedModel, request: EvalRequest, prompts: GridPrompts, settings: list[EvalSetting],
                    budgets: dict[str, Any], length: int, depth: float,
                    progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
     """Run the cells of ``settings`` at one (length, depth): every item under every setting.
@@ -385,7 +389,7 @@ def run_cell_group(lm: Any, request: EvalRequest, prompts: GridPrompts, settings
     return [cell_record(s, length, depth, trials[s.label]) for s in settings]
 
 
-def run_eval(lm: Any, request: EvalRequest, out: str | Path, resume: bool = False, force: bool = False,
+def run_eval(lm: LoadedModel, request: EvalRequest, out: str | Path, resume: bool = False, force: bool = False,
              progress: Callable[[int], None] | None = None, figures: Sequence[str | Path] = (),
              shard: tuple[int, int] | None = None) -> EvalResult:
     """Run the grid and write ``out`` (result JSON) and its cell log.

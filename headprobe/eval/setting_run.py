@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ..errors import HeadprobeError
 from ..library_bridges.press_settings import KVPRESS, run_press
 from .settings import EvalSetting
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def shares_prefill(setting: EvalSetting) -> bool:
     return setting.policy != KVPRESS and bool(POLICIES[setting.policy].full_prefill)
 
 
-def run_settings(lm: Any, input_ids: list[int], runs: list[tuple[EvalSetting, Any]], max_new_tokens: int,
+def run_settings(lm: LoadedModel, input_ids: list[int], runs: list[tuple[EvalSetting, Any]], max_new_tokens: int,
                  prefill: Any = None, question_span: tuple[int, int] | None = None,
                  stop_at_line: bool = False) -> list[SettingRun]:
     """Answer one prompt under every setting: with a recorded prefill, the settings it serves decode together
@@ -130,7 +133,7 @@ def run_settings(lm: Any, input_ids: list[int], runs: list[tuple[EvalSetting, An
     return out
 
 
-def _measured(lm: Any, res: Any, seconds: float, shared_prefill: bool, batch_settings: int = 1) -> SettingRun:
+def _measured(lm: LoadedModel, res: Any, seconds: float, shared_prefill: bool, batch_settings: int = 1) -> SettingRun:
     """The :class:`SettingRun` of a generation result (its first row)."""
     tok = lm.tokenizer
     return SettingRun(text=res.texts[0],
@@ -140,7 +143,7 @@ def _measured(lm: Any, res: Any, seconds: float, shared_prefill: bool, batch_set
                       shared_prefill=shared_prefill, batch_settings=batch_settings)
 
 
-def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any, max_new_tokens: int,
+def run_setting(lm: LoadedModel, input_ids: list[int], setting: EvalSetting, budget: Any, max_new_tokens: int,
                 prefill: Any = None, question_span: tuple[int, int] | None = None,
                 stop_at_line: bool = False) -> SettingRun:
     """Generate an answer to one prompt under ``setting`` with its compressed cache, greedily, and measure it.
@@ -179,7 +182,7 @@ def run_setting(lm: Any, input_ids: list[int], setting: EvalSetting, budget: Any
     return _measured(lm, res, seconds, prefill is not None)
 
 
-def run_kvpress_setting(lm: Any, input_ids: list[int], setting: EvalSetting, max_new_tokens: int,
+def run_kvpress_setting(lm: LoadedModel, input_ids: list[int], setting: EvalSetting, max_new_tokens: int,
                         question_span: tuple[int, int] | None) -> SettingRun:
     """One answer of a ``kvpress:PRESS`` setting, by kvpress's own pipeline
     (:func:`headprobe.library_bridges.press_settings.run_press`), measured as :func:`run_setting` measures.

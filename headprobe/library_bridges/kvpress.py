@@ -26,7 +26,7 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,6 +45,9 @@ from ..runtime.shape import CacheShape
 from ..tool_files.duoattention import CONFIG_NAME, DUO_CUT, TSV_NAME
 from ..tool_files.layer_list import kvpress_layer_ratios
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
 
 @dataclass(frozen=True)
 class _Window:
@@ -55,7 +58,7 @@ class _Window:
     uses_budgets: ClassVar[bool] = True
 
 
-def _model_fits(bm: BudgetMap, model: Any) -> tuple[str, ...]:
+def _model_fits(bm: BudgetMap, model: PreTrainedModel) -> tuple[str, ...]:
     """Check that ``bm`` was made for ``model``'s shape; return the model's layer types."""
     found = identity_from_config(model.config, bm.model.name, "kvpress")
     bm.model.check_fits(found, what="budget map")
@@ -133,7 +136,7 @@ class BudgetMapPress(BasePress):
                       **allocate_options)
         return cls(bm, press=press)
 
-    def post_init_from_model(self, model: Any) -> None:
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
         self.press.post_init_from_model(model)
         self._layer_types = _model_fits(self.budget_map, model)
         self._resolved = {}
@@ -233,7 +236,7 @@ class DuoAttentionFolderPress(DuoAttentionPress):
                                  "is DuoAttentionPress's")
         self._ratio_given = self.head_compression_ratio
 
-    def post_init_from_model(self, model: Any) -> None:
+    def post_init_from_model(self, model: PreTrainedModel) -> None:
         sink, recent, scores, config = read_pattern(self.pattern_dir)
         cfg = text_config(model.config)
         want = (int(cfg.num_hidden_layers), int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads))
@@ -247,7 +250,7 @@ class DuoAttentionFolderPress(DuoAttentionPress):
         self._pattern = (sink, recent, scores)
         super().post_init_from_model(model)
 
-    def load_attention_pattern(self, model: Any) -> tuple[int, int, np.ndarray]:  # noqa: ARG002 (kvpress' press interface)
+    def load_attention_pattern(self, model: PreTrainedModel) -> tuple[int, int, np.ndarray]:  # noqa: ARG002 (kvpress' press interface)
         """The folder's ``(sink_size, recent_size, scores [layers][kv_heads])`` (replaces the download)."""
         return self._pattern
 

@@ -20,16 +20,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..models.loading import LoadedModel
 
 #: ``[layer][kv_head]`` → the sorted prompt positions that head keeps.
 Kept = list[list[tuple[int, ...]]]
 
 
 @torch.no_grad()
-def headprobe_kept(lm: Any, input_ids: torch.Tensor, policy: str, options: dict[str, Any] | None = None,
+def headprobe_kept(lm: LoadedModel, input_ids: torch.Tensor, policy: str, options: dict[str, Any] | None = None,
                    budget: Any = None, capacity: int | None = None) -> Kept:
     """The prompt positions each KV head of ``lm`` keeps after headprobe compresses the prefill of
     ``input_ids`` (``[1, tokens]``) with ``policy`` and ``budget`` (a map) or ``capacity`` (tokens per head).
@@ -57,7 +62,7 @@ def headprobe_kept(lm: Any, input_ids: torch.Tensor, policy: str, options: dict[
 
 
 @torch.no_grad()
-def full_keys(model: Any, input_ids: torch.Tensor) -> list[torch.Tensor]:
+def full_keys(model: PreTrainedModel, input_ids: torch.Tensor) -> list[torch.Tensor]:
     """Every layer's ``[1, kv_heads, tokens, head_dim]`` keys of an uncompressed prefill of ``input_ids``."""
     from transformers import DynamicCache
 
@@ -67,7 +72,7 @@ def full_keys(model: Any, input_ids: torch.Tensor) -> list[torch.Tensor]:
 
 
 @torch.no_grad()
-def press_kept(model: Any, press: Any, input_ids: torch.Tensor, keys: list[torch.Tensor] | None = None) -> Kept:
+def press_kept(model: PreTrainedModel, press: Any, input_ids: torch.Tensor, keys: list[torch.Tensor] | None = None) -> Kept:
     """The prompt positions each KV head keeps after kvpress prefills ``input_ids`` (``[1, tokens]``) under
     ``press`` (any kvpress press), read from kvpress's own cache and masks.
 
@@ -117,7 +122,7 @@ def _row_positions(whole: torch.Tensor, kept: torch.Tensor, layer: int, head: in
     return out
 
 
-def _masked_positions(model: Any) -> dict[tuple[int, int], set[int]]:
+def _masked_positions(model: PreTrainedModel) -> dict[tuple[int, int], set[int]]:
     """``(layer, kv_head)`` → positions a head-wise press masked (kvpress's ``module.masked_key_indices``)."""
     out: dict[tuple[int, int], set[int]] = {}
     for index, layer in enumerate(model.model.layers):

@@ -29,9 +29,14 @@ import dataclasses
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import HeadprobeError, param
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..models.loading import LoadedModel
 
 #: The eval-setting policy name of a kvpress setting (``kvpress:PRESS``).
 KVPRESS = "kvpress"
@@ -192,7 +197,7 @@ class PressRun:
 _PIPELINES: dict[int, Any] = {}
 
 
-def _pipeline(lm: Any) -> Any:
+def _pipeline(lm: LoadedModel) -> Any:
     """kvpress's pipeline over ``lm``'s model and tokenizer (one per loaded model)."""
     key = id(lm.model)
     if key not in _PIPELINES:
@@ -204,7 +209,7 @@ def _pipeline(lm: Any) -> Any:
     return _PIPELINES[key]
 
 
-def run_press(lm: Any, input_ids: list[int], context_len: int, name: str, options: Mapping[str, Any],
+def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str, options: Mapping[str, Any],
               capacity: int | None, max_new_tokens: int, written: str = "") -> PressRun:
     """Answer one prompt through kvpress's pipeline under ``kvpress:NAME[options]`` at ``capacity``.
 
@@ -252,7 +257,7 @@ def run_press(lm: Any, input_ids: list[int], context_len: int, name: str, option
                     attended_tokens=round(_attended_context(lm.model, cache) + question_len, 2))
 
 
-def _attended_context(model: Any, cache: Any) -> float:
+def _attended_context(model: PreTrainedModel, cache: Any) -> float:
     """Mean over (layer, KV head) of the cached context tokens not masked by a head-wise press; the masks
     are cleared afterwards (kvpress would apply them to the next decode of this model)."""
     masked: dict[int, int] = {}

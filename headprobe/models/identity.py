@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from ..errors import FileFormatError, ModelMismatchError
 from ..files.jsonio import fingerprint
@@ -108,6 +108,15 @@ class ModelIdentity:
             raise ModelMismatchError(
                 f"{what} was made for {self.name} but the model is {model.name}: " + "; ".join(diffs)
             )
+
+
+class HasIdentity(Protocol):
+    """A model as far as its shape is read (a budget resolved, a file checked against it): a
+    :class:`~headprobe.LoadedModel`, or its identity alone before it loads
+    (:class:`~headprobe.tune.space_check.ShapeOnly`)."""
+
+    @property
+    def identity(self) -> ModelIdentity: ...
 
 
 def text_config(config: Any) -> Any:

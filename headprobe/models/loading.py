@@ -63,7 +63,15 @@ class LoadedModel:
         return input_device(self.model)
 
 
-def transformers_model(model: LoadedModel | PreTrainedModel) -> PreTrainedModel:
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    #: A model as the runtime takes it: a :class:`LoadedModel`, or a transformers model (its tokenizer passed
+    #: beside it). Annotations only; :func:`transformers_model` gives the transformers model of either.
+    ModelLike: TypeAlias = LoadedModel | PreTrainedModel
+
+
+def transformers_model(model: ModelLike) -> PreTrainedModel:
     """The transformers model inside a :class:`LoadedModel`, or ``model`` itself when it is one already."""
     return getattr(model, "model", model) if hasattr(model, "identity") else model
 

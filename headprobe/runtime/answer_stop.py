@@ -15,13 +15,16 @@ that already holds the prompt, from the recorded first token on.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..errors import HeadprobeError
 from ..models.cache_argument import with_cache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 
 def line_complete(text: str) -> bool:
@@ -94,7 +97,7 @@ class AnswerStop(StoppingCriteria):
         return torch.tensor(self.done, dtype=torch.bool, device=input_ids.device)
 
 
-def decode_rest(hf_model: Any, tokenizer: Any, cache: Any, sequences: torch.Tensor, mask: torch.Tensor, new: int,
+def decode_rest(hf_model: PreTrainedModel, tokenizer: Any, cache: Any, sequences: torch.Tensor, mask: torch.Tensor, new: int,
                 generate_kwargs: dict[str, Any], stop: AnswerStop) -> torch.Tensor:
     """Greedy ``generate`` of up to ``new`` more tokens after the prompt and its recorded first token.
 

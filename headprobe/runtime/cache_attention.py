@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -18,6 +18,9 @@ from ..attention.registry import attention_switched, register_attention
 from ..errors import HeadprobeError
 from .cache import PendingKV
 from .shape import CacheShape
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 ATTENTION_NAME = "headprobe"
 SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -62,7 +65,7 @@ def register() -> None:
     register_attention(ATTENTION_NAME, headprobe_attention_forward, sdpa_masks=False)
 
 
-def check_supported(model: Any) -> CacheShape:
+def check_supported(hf_model: PreTrainedModel) -> CacheShape:
     """Refuse, in one line, a model the compressed cache cannot run; returns its cache shape.
 
     :func:`headprobe_attention` runs it on entry, before anything else the block does.
@@ -70,23 +73,23 @@ def check_supported(model: Any) -> CacheShape:
     Supported: decoder-only models whose attention goes through transformers' ``AttentionInterface``
     (``_supports_attention_backend``) with full-attention and sliding-window layers only.
     """
-    config = model.config
+    config = hf_model.config
     shape = CacheShape.from_config(config)
     for i, kind in enumerate(shape.layer_types):
         if kind not in SUPPORTED_LAYER_TYPES:
             raise HeadprobeError(f"layer {i} has attention type {kind!r}; the compressed cache supports "
                                  f"{', '.join(SUPPORTED_LAYER_TYPES)}")
-    name = type(model).__name__
+    name = type(hf_model).__name__
     if getattr(config, "is_encoder_decoder", False):
         raise HeadprobeError(f"{name} is an encoder-decoder model; the compressed cache serves decoder-only models")
-    if not getattr(model, "_supports_attention_backend", False):
+    if not getattr(hf_model, "_supports_attention_backend", False):
         raise HeadprobeError(f"{name} does not route its attention through transformers' AttentionInterface; the "
                              "compressed cache cannot run it")
     return shape
 
 
 @contextlib.contextmanager
-def headprobe_attention(model: Any) -> Iterator[Any]:
+def headprobe_attention(model: PreTrainedModel) -> Iterator[Any]:
     """Switch ``model`` to the headprobe attention for the duration of the block, then restore it.
 
     A model the compressed cache cannot run is refused first (:func:`check_supported`)."""

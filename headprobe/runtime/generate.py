@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from transformers import StoppingCriteriaList
@@ -22,6 +22,9 @@ from .cache_attention import headprobe_attention
 from .policies import POLICIES, Policy, SlidingWindow
 from .shape import CacheShape
 from .split_budget import SplitBudget, is_split_map, load_split_or_map
+
+if TYPE_CHECKING:
+    from ..models.loading import ModelLike
 
 #: The policy when none is named.
 DEFAULT_POLICY = "snapkv"
@@ -122,7 +125,7 @@ def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio:
 
 
 @torch.no_grad()
-def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, tokenizer: Any = None,
+def generate_compressed(model: ModelLike, prompts: str | list[str] | None = None, *, tokenizer: Any = None,
                         input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                         policy: str | Policy = DEFAULT_POLICY, budget: BudgetSource | BudgetMap | str | int | None = None,
                         ratio: float | None = None, capacity: int | None = None, max_new_tokens: int = 64,
@@ -171,7 +174,7 @@ def generate_compressed(model: Any, prompts: str | list[str] | None = None, *, t
     return finish(tokenizer, out, input_ids.shape[1], cache)
 
 
-def prepare_inputs(model: Any, prompts: str | list[str] | None, tokenizer: Any, input_ids: torch.Tensor | None,
+def prepare_inputs(model: ModelLike, prompts: str | list[str] | None, tokenizer: Any, input_ids: torch.Tensor | None,
                    attention_mask: torch.Tensor | None, chat: bool) -> tuple[Any, Any, torch.Tensor, torch.Tensor]:
     """``(hf_model, tokenizer, input_ids, attention_mask)`` on the model's device, prompts left-padded."""
     tokenizer = tokenizer or getattr(model, "tokenizer", None)
@@ -196,7 +199,7 @@ def prepare_inputs(model: Any, prompts: str | list[str] | None, tokenizer: Any, 
     return hf_model, tokenizer, input_ids.to(device), attention_mask.to(device)
 
 
-def new_cache(model: Any, policy: str | Policy, budget: BudgetSource | BudgetMap | str | int | None,
+def new_cache(model: ModelLike, policy: str | Policy, budget: BudgetSource | BudgetMap | str | int | None,
               ratio: float | None, capacity: int | None, policy_options: dict[str, Any] | None,
               max_new_tokens: int, attention_mask: torch.Tensor) -> CompressedCache:
     """An empty :class:`CompressedCache` for ``model`` from the budget arguments of :func:`generate_compressed`.

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -29,6 +29,11 @@ from .cache_attention import headprobe_attention
 from .generate import DEFAULT_POLICY, GenerationResult, finish, new_cache
 from .policies.base import Policy
 from .shared_prefill import RecordedPrefill, check_replay, first_tokens
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..models.loading import ModelLike
 
 
 @dataclass(frozen=True)
@@ -82,7 +87,7 @@ def decode_batches(caches: list[CompressedCache]) -> list[list[int]]:
 
 
 @torch.no_grad()
-def generate_settings(model: Any, prefill: RecordedPrefill, settings: list[CacheSetting], *, tokenizer: Any = None,
+def generate_settings(model: ModelLike, prefill: RecordedPrefill, settings: list[CacheSetting], *, tokenizer: Any = None,
                       max_new_tokens: int = 64, stop_at_line: bool = False,
                       batched: bool = True) -> list[SettingGeneration]:
     """Generate from one recorded prefill under every setting, the settings that decode alike in one batch.
@@ -168,7 +173,7 @@ def _share_twins(out: list[SettingGeneration | None], twin: list[int]) -> list[S
     return done
 
 
-def _decode_stacked(hf_model: Any, tokenizer: Any, caches: list[CompressedCache], start: torch.Tensor,
+def _decode_stacked(hf_model: PreTrainedModel, tokenizer: Any, caches: list[CompressedCache], start: torch.Tensor,
                     mask: torch.Tensor, max_new_tokens: int, stop_rule: tuple[Any, ...]) -> list[torch.Tensor]:
     """Decode ``caches`` (one decode key) as the rows of one stacked cache; gives each cache its rows back
     as they stand when its own rows finished. Returns each cache's sequences ``[batch, columns]``, as long as

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -32,6 +32,11 @@ from .policies.base import Policy
 from .policies.full import Full
 from .prefill_attention import prefill_attention
 from .shape import CacheShape
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from ..models.loading import ModelLike
 
 #: generation_config fields that would make the first token something other than the argmax.
 _FIRST_TOKEN_CHANGERS = {"do_sample": False, "repetition_penalty": 1.0, "no_repeat_ngram_size": 0,
@@ -116,7 +121,7 @@ class PrefillRecorder(CompressedCache):
         return prefill_attention(query, keys, values, positions, valid, scaling, sliding_window, softcap)
 
 
-def check_greedy(hf_model: Any, generate_kwargs: dict[str, Any]) -> None:
+def check_greedy(hf_model: PreTrainedModel, generate_kwargs: dict[str, Any]) -> None:
     """Refuse generation settings under which the first token is not the argmax of the prompt's logits."""
     config = getattr(hf_model, "generation_config", None)
     for name, neutral in _FIRST_TOKEN_CHANGERS.items():
@@ -128,7 +133,7 @@ def check_greedy(hf_model: Any, generate_kwargs: dict[str, Any]) -> None:
 
 
 @torch.no_grad()
-def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokenizer: Any = None,
+def record_prefill(model: ModelLike, prompts: str | list[str] | None = None, *, tokenizer: Any = None,
                    input_ids: torch.Tensor | None = None, attention_mask: torch.Tensor | None = None,
                    chat: bool = False) -> RecordedPrefill:
     """Run the prompt forward once and keep what :func:`generate_from_prefill` needs.
@@ -162,7 +167,7 @@ def record_prefill(model: Any, prompts: str | list[str] | None = None, *, tokeni
 
 
 @torch.no_grad()
-def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: Any = None,
+def generate_from_prefill(model: ModelLike, prefill: RecordedPrefill, *, tokenizer: Any = None,
                           policy: str | Policy = DEFAULT_POLICY, budget: Any = None, ratio: float | None = None,
                           capacity: int | None = None, max_new_tokens: int = 64,
                           policy_options: dict[str, Any] | None = None, stop_at_line: bool = False,
@@ -203,7 +208,7 @@ def generate_from_prefill(model: Any, prefill: RecordedPrefill, *, tokenizer: An
     return finish(tokenizer, sequences, ids.shape[1], cache)
 
 
-def check_replay(model: Any, tokenizer: Any, max_new_tokens: int,
+def check_replay(model: ModelLike, tokenizer: Any, max_new_tokens: int,
                  generate_kwargs: dict[str, Any]) -> tuple[Any, Any]:
     """``(hf_model, tokenizer)`` of a replay, after refusing what a recorded prefill cannot serve (sampling,
     logits processors, no new token)."""

@@ -4,7 +4,11 @@
 - :mod:`.halving`: successive halving with a paired bootstrap race, and the rung schedule;
 - :mod:`.split`: calibration and held-out items;
 - :mod:`.memory`: a memory target (share or bytes at a context) as tokens per KV head;
-- :mod:`.runner`: the two stages and the held-out eval, every trial an eval trial;
+- :mod:`.request`: what a tune is asked (its task and request);
+- :mod:`.runner`: the two stages and the held-out eval, every trial an eval trial; :mod:`.races` runs a stage's
+  races rung by rung, :mod:`.trial_runs` each batch of trials as one eval run;
+- :mod:`.candidates` and :mod:`.space_check`: the candidates checked against the model (before it loads, where its
+  shape tells), each made once and each budget resolved once per tune;
 - :mod:`.report` and :mod:`.figure`: the report, the chosen budget maps and setting strings, the figure.
 
 Names are imported from their modules on first use (see :mod:`headprobe.lazy_exports`).
@@ -28,10 +32,10 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "format_report": "report",
     "load_report": "report",
     "write_outputs": "report",
-    "TuneRequest": "runner",
-    "TuneTask": "runner",
+    "TuneRequest": "request",
+    "TuneTask": "request",
     "run_tune": "runner",
-    "runs_dir": "runner",
+    "runs_dir": "trial_runs",
     "POLICY_SEARCH": "space",
     "SearchSpace": "space",
     "count_candidates": "space",

@@ -61,7 +61,7 @@ class TrialPlan:
 
 
 def plan_trials(request: Any, selections_per_capacity: int, allocation_candidates: int) -> TrialPlan:
-    """The :class:`TrialPlan` of ``request`` (a :class:`~headprobe.tune.runner.TuneRequest`) with this many
+    """The :class:`TrialPlan` of ``request`` (a :class:`~headprobe.tune.request.TuneRequest`) with this many
     selections per capacity and allocation-stage candidates per capacity (carried selections included, as
     :func:`~headprobe.tune.space.count_candidates` counts them)."""
     task, rule = request.task, request.rule

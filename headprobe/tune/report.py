@@ -12,7 +12,7 @@ from __future__ import annotations
 import datetime as _dt
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -23,6 +23,9 @@ from ..files.jsonio import atomic_write_json, read_headprobe_file
 from .halving import bootstrap_means, interval, mean_interval
 from .runner import TuneOutcome
 from .space import searched_policy_options
+
+if TYPE_CHECKING:
+    from ..models.loading import LoadedModel
 
 TUNE_FORMAT = "headprobe.tune"
 TUNE_VERSION = 1
@@ -49,7 +52,7 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
                        force: bool) -> None:
     """Refuse, before the model loads, a run that would replace what an earlier run left.
 
-    The run folder (:func:`~headprobe.tune.runner.runs_dir`) needs ``resume`` or ``force`` when it holds
+    The run folder (:func:`~headprobe.tune.trial_runs.runs_dir`) needs ``resume`` or ``force`` when it holds
     runs. An existing report, budget map or figure needs ``force``, except that with ``resume`` the files
     an existing tune report at ``out`` lists (it made them) are rewritten.
 
@@ -61,8 +64,8 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
     from ..errors import param
     from ..files.jsonio import check_writable_dir
     from ..files.overwrite import check_overwrite
-    from .runner import runs_dir
     from .takeover import staging_dir
+    from .trial_runs import runs_dir
 
     out = Path(out)
     check_writable_dir(out.parent if str(out.parent) else Path("."))
@@ -182,7 +185,7 @@ def chosen_window(setting: EvalSetting, windows: dict[str, int]) -> int:
     return int(window)
 
 
-def chosen_map(lm: Any, setting: EvalSetting, window: int, profile_dirs: list[Path] | None,
+def chosen_map(lm: LoadedModel, setting: EvalSetting, window: int, profile_dirs: list[Path] | None,
                report: str | Path) -> Any:
     """The chosen setting's budget map, allocated for ``window``, recording how it runs
     (``method.run_with``) and where it came from (``method.tune``)."""
@@ -231,7 +234,7 @@ def _filled(setting: EvalSetting) -> dict[str, Any]:
     return {**{f.name: f.default for f in fields(POLICIES[setting.policy])}, **setting.options}
 
 
-def build_report(outcome: TuneOutcome, lm: Any, files: dict[str, str], strings: dict[int, str],
+def build_report(outcome: TuneOutcome, lm: LoadedModel, files: dict[str, str], strings: dict[int, str],
                  resumed: bool) -> dict[str, Any]:
     """The report's JSON (see the module docstring)."""
     from .. import __version__
@@ -293,7 +296,7 @@ def _stage_cost(outcome: TuneOutcome) -> dict[str, dict[str, Any]]:
     return spent
 
 
-def write_outputs(lm: Any, outcome: TuneOutcome, out: str | Path, figure: str | Path | None = None,
+def write_outputs(lm: LoadedModel, outcome: TuneOutcome, out: str | Path, figure: str | Path | None = None,
                   resumed: bool = False, replace: bool = False) -> dict[str, Any]:
     """Write the budget maps, the report and its figure (rank 0); returns the report.
 
