@@ -101,8 +101,8 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
     ----------
     inputs
         A budget map (one of ``allocate --method layer_split`` included) or a layer-split file; one or two
-        profiles; a DuoAttention folder (or its TSV); a HeadKV / Retrieval_Head
-        score file; or nothing, with ``press`` and ``ratio``.
+        profiles; a DuoAttention folder (or its TSV); a HeadKV / Retrieval_Head score file; or nothing, with
+        ``press`` and ``ratio``.
     context
         ``N``: prompt tokens of each sequence.
     model
@@ -114,8 +114,7 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         generated after the prompt.
     policy, policy_options
         The runtime policy headprobe's row uses (``snapkv``, ``streaming`` or ``layer_window``) and its
-        options; default: how
-        the budget map says it runs (``method.run_with``), else ``snapkv`` with the map's window.
+        options; default: how the budget map says it runs (``method.run_with``), else ``snapkv`` with its window.
     method, capacity, beta, window, sink, temperature, reduction, task
         A profile's allocation, as ``headprobe allocate`` takes them (default ``headkv`` for a head-score
         profile, ``dynamickv`` for a layer-retention profile, ``combined`` for both; capacity 128, window
