@@ -122,8 +122,7 @@ def explain_budget(inputs: str | Path | Sequence[str | Path] = (), *, context: i
         ``--max_capacity_prompts`` for a score file (with ``beta``, default 1.2, and ``temperature`` =
         ``1 / --temp``).
     sparsity, sink_size, recent_size
-        A DuoAttention folder: ``--sparsity`` (default: the raw cut, values above 0.5) and the window sizes
-        (default: its ``config.json``).
+        A DuoAttention folder: ``--sparsity`` (default: values above 0.5) and the window sizes (its config).
     gqa
         A score file's KV-head equivalent: ``mean`` (default) or ``sum`` of each KV head's query heads.
     press, ratio, press_options
