@@ -49,12 +49,12 @@ class BudgetMap:
     budgets: list[list[int]]
     granularity: str = "kv_head"
     created: str = field(default_factory=lambda: _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
-    #: ``(model, identity)`` of the last :meth:`check_fits` that passed (not part of the map).
-    _fitted: tuple[Any, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    #: The identity the last :meth:`check_fits` that passed was for (not part of the map).
+    _fitted: ModelIdentity | None = field(default=None, init=False, repr=False, compare=False)
 
     def check_fits(self, identity: ModelIdentity, what: str = "budget map") -> None:
         """Refuse the map on a model it was not made for (:meth:`ModelIdentity.check_fits`), once: a map
-        allocated for ``identity`` itself or an equal one (:func:`~headprobe.allocation.allocate` in this
+        allocated for an identity equal to ``identity`` (:func:`~headprobe.allocation.allocate` in this
         process, e.g. for the model's shape before it loaded) fits it, and a map checked against ``identity``
         already is not checked again.
 
@@ -63,11 +63,10 @@ class BudgetMap:
         ModelMismatchError
             The map was made for another model.
         """
-        if self.model is identity or self.model == identity or (self._fitted is not None and self._fitted[0] is self.model
-                                      and self._fitted[1] is identity):
+        if self.model == identity or self._fitted is identity:
             return
         self.model.check_fits(identity, what=what)
-        self._fitted = (self.model, identity)
+        self._fitted = identity
 
     @property
     def total(self) -> int:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from ..errors import HeadprobeError
 from ..eval.settings import EvalSetting
 from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
+from .space import UNIFORM, allocations, candidate, dedupe, preset_seeds, selections
 
 if TYPE_CHECKING:
     from ..models.identity import HasIdentity, ModelIdentity
@@ -28,7 +29,7 @@ def setting_problem(lm: HasIdentity, setting: EvalSetting, task: TuneTask, profi
     """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
     (a missing profile, a capacity no larger than its window) or a question window does not fit. The budget
     resolved for the check is kept in ``resolved`` (by label), so the trials do not resolve it again."""
-    from ..eval.runner import resolve_budgets
+    from ..eval.runner import resolve_budgets  # eval's runner loads torch; the check before the load does not
 
     try:
         setting.check_policy()
@@ -53,7 +54,7 @@ def question_windows(lm: LoadedModel, task: TuneTask) -> dict[str, int]:
     prompt at the first length and depth; empty for a dataset."""
     if task.kind in ("dataset", "ruler"):
         return {}
-    from ..eval.runner import EvalRequest, GridPrompts
+    from ..eval.runner import EvalRequest, GridPrompts  # loads torch: only once the model is loaded
 
     request = EvalRequest([], task.items, list(task.lengths), list(task.depths), task.haystack, {})
     prompts = GridPrompts(lm, request)
@@ -119,22 +120,16 @@ class CandidatePool:
     @functools.cached_property
     def selections(self) -> list[Any]:
         """Every selection of the space (:func:`~headprobe.tune.space.selections`)."""
-        from .space import selections
-
         return selections(self.space)
 
     @functools.cached_property
     def allocations(self) -> list[Any]:
         """Every allocation the profiles allow (:func:`~headprobe.tune.space.allocations`)."""
-        from .space import allocations
-
         return allocations(self.space, self.profiles)
 
     def candidate(self, selection: Any, allocation: Any, capacity: int) -> EvalSetting:
         """The setting of ``selection`` and ``allocation`` at ``capacity`` (:func:`~headprobe.tune.space.candidate`),
         made once."""
-        from .space import candidate
-
         key = (selection, allocation, capacity)
         if key not in self._made:
             self._made[key] = candidate(selection, allocation, capacity)
@@ -143,8 +138,6 @@ class CandidatePool:
     def selection_stage(self, capacity: int) -> list[EvalSetting]:
         """Every selection with uniform budgets at ``capacity``, those that run the same as an earlier one left
         out."""
-        from .space import UNIFORM, dedupe
-
         if capacity not in self._stage1:
             self._stage1[capacity] = dedupe([self.candidate(s, UNIFORM, capacity) for s in self.selections])
         return self._stage1[capacity]
@@ -152,8 +145,6 @@ class CandidatePool:
     def seeds(self, capacity: int) -> list[EvalSetting]:
         """The presets raced at ``capacity`` (:func:`~headprobe.tune.space.preset_seeds`; none when the space
         races no presets)."""
-        from .space import preset_seeds
-
         if capacity not in self._seeds:
             self._seeds[capacity] = preset_seeds(self.space, capacity) if self.space.presets else []
         return self._seeds[capacity]
