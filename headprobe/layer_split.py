@@ -124,6 +124,13 @@ class LayerSplit:
         return split
 
     @classmethod
+    def in_map(cls, budget_map: Any) -> LayerSplit | None:
+        """The split a budget map of ``allocate --method layer_split*`` carries (``method.layer_split``);
+        ``None`` for any other map."""
+        block = budget_map.method.get("layer_split")
+        return cls.from_json(block, "method.layer_split") if isinstance(block, dict) else None
+
+    @classmethod
     def load(cls, path: str | Path) -> LayerSplit:
         """Read and validate a split file."""
         return cls.from_json(read_headprobe_file(path, SPLIT_FORMAT, SPLIT_VERSION), path)

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import HeadprobeError, param
+from ..layer_split import LayerSplit
 from ..limits import check_count
 from .convert import GQA_RULES, Conversion, from_duoattention, from_headkv, from_press
 from .engines.allocation import EngineAllocation
@@ -31,7 +32,7 @@ from .engines.kvpress import (
     press_allocation,
 )
 from .engines.kvpress_presses import check_ratio, press_kept, press_spec, run_with
-from .engines.serving_windows import not_a_split_rows, serving_rows, split_of_map
+from .engines.serving_windows import not_a_split_rows, serving_rows
 from .explanation import Explanation
 from .model_shape import model_shape
 from .setting import DEFAULT_NEW_TOKENS, Setting
@@ -205,7 +206,7 @@ def _budget_tokens(conversion: Conversion, inp: ExplainInput, setting: Setting, 
     """The budget's tokens at the context when headprobe's runtime refuses the chosen policy: the map read with
     its own window, else its budgets capped at the context."""
     bm = conversion.budget_map
-    split = split_of_map(bm)
+    split = LayerSplit.in_map(bm)
     if split is not None:                         # a layer split: its windows at any context, nothing rescaled
         kept = np.asarray(split.kept_tokens(setting.context), dtype=np.int64)
         return np.repeat(kept[:, None], inp.model.num_kv_heads, axis=1)
@@ -245,7 +246,7 @@ def _map_policy(bm) -> tuple[str, dict[str, Any]]:
 def _budget_map(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
     bm = inp.budget_map
     policy, options = _map_policy(bm)
-    split = split_of_map(bm)
+    split = LayerSplit.in_map(bm)
     rows = serving_rows(split, inp.model, setting) if split is not None else []
     rows += _map_rows(bm, inp.model, setting, o["capacity"])
     why = ("takes a score file and allocates by its own formula, not a per-head budget map; explain the profile "

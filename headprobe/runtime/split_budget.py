@@ -44,7 +44,10 @@ class SplitBudget(BudgetSource):
     @classmethod
     def from_map(cls, bm: BudgetMap, identity: ModelIdentity | None = None) -> SplitBudget:
         """The split a ``layer_split`` budget map carries (``method.layer_split``)."""
-        return cls(LayerSplit.from_json(bm.method["layer_split"], "method.layer_split"), identity)
+        split = LayerSplit.in_map(bm)
+        if split is None:
+            raise HeadprobeError("the budget map carries no layer split (method.layer_split)")
+        return cls(split, identity)
 
     def resolve(self, shape: CacheShape, prompt_lengths: torch.Tensor, policy: Policy) -> torch.Tensor:
         if self.identity is not None:

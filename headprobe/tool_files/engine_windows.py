@@ -27,11 +27,11 @@ def split_of(source: LayerSplit | BudgetMap, target: str) -> LayerSplit:
     """The split a file holds: a :class:`LayerSplit`, or a budget map of ``allocate --method layer_split``."""
     if isinstance(source, LayerSplit):
         return source
-    block = source.method.get("layer_split") if isinstance(source, BudgetMap) else None
-    if not isinstance(block, dict):
+    split = LayerSplit.in_map(source) if isinstance(source, BudgetMap) else None
+    if split is None:
         raise HeadprobeError(f"--to {target} exports a layer split: give a split file or a budget map from "
                              "`headprobe allocate --method layer_split`")
-    return LayerSplit.from_json(block, "method.layer_split")
+    return split
 
 
 def keeps(split: LayerSplit, rule: str) -> dict[str, Any]:

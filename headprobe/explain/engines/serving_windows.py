@@ -29,7 +29,6 @@ for them, restated from its code (nothing copied):
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
 
 import numpy as np
 
@@ -276,12 +275,6 @@ def serving_rows(split: LayerSplit, model: ModelIdentity, setting: Setting) -> l
     return [row(split, model, setting) for row in ROWS]
 
 
-def split_of_map(bm: Any) -> LayerSplit | None:
-    """The split a budget map carries (``method.layer_split``), ``None`` for any other map."""
-    block = bm.method.get("layer_split")
-    return LayerSplit.from_json(block, "method.layer_split") if isinstance(block, dict) else None
-
-
 __all__ = ("LLAMA_CPP", "LLAMA_CPP_PAD", "LLAMA_CPP_UBATCH", "NOT_A_SPLIT", "TRT", "VLLM", "VLLM_BLOCK_SIZE",
-           "llama_cpp_allocation", "not_a_split_rows", "serving_rows", "split_of_map", "tensorrt_llm_allocation",
+           "llama_cpp_allocation", "not_a_split_rows", "serving_rows", "tensorrt_llm_allocation",
            "vllm_allocation", "vllm_groups", "window_pages")
