@@ -169,16 +169,18 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
 
 
 def _layer_window_refusal(budgets: np.ndarray, model: ModelIdentity, pol: Any) -> str | None:
-    """What ``LayerWindow.layer_windows`` refuses: heads of a layer with different budgets, a window no larger
-    than the sink."""
+    """What the runtime's ``layer_window`` refuses for these budgets (:func:`~headprobe.runtime.policies.
+    layer_window.layer_windows`, called layer by layer), ``None`` when it runs them."""
+    import torch
+
+    from ...runtime.policies.layer_window import layer_windows
+
     for layer, kind in enumerate(model.layer_types):
-        b = budgets[layer]
-        if b.min() != b.max():
-            return (f"policy layer_window: layer {layer} has different budgets per head; an engine's window is one "
-                    "per layer (use a layer split or a capacity)")
-        window = min(int(b.max()), int(model.sliding_window)) if kind == "sliding_attention" else int(b.max())
-        if window <= pol.sink:
-            return f"policy layer_window: layer {layer} keeps {window} tokens, not more than the sink ({pol.sink})"
+        own = model.sliding_window if kind == "sliding_attention" else None
+        try:
+            layer_windows(torch.from_numpy(budgets[layer][None, :]), layer, own, pol.sink)
+        except HeadprobeError as exc:
+            return str(exc)
     return None
 
 

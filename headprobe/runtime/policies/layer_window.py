@@ -58,6 +58,28 @@ def window_attention(ctx: LayerContext, windows: torch.Tensor, sink: int) -> tor
     return F.scaled_dot_product_attention(q, k, v, attn_mask=visible[:, None], scale=ctx.scaling)
 
 
+def layer_windows(budgets: torch.Tensor, layer_idx: int, sliding_window: int | None, sink: int) -> torch.Tensor:
+    """``[batch]`` a layer's window per row from its budgets ``[batch, kv_heads]``: the heads must share one (an
+    engine's window is per layer), a model's own sliding layer keeps at most its own window, and the window must
+    exceed the sink.
+
+    Raises
+    ------
+    HeadprobeError
+        Heads of the layer with different budgets, or a window no larger than the sink.
+    """
+    windows = budgets.max(dim=1).values
+    if bool((budgets.min(dim=1).values != windows).any()):
+        raise HeadprobeError(f"policy layer_window: layer {layer_idx} has different budgets per head; an "
+                             "engine's window is one per layer (use a layer split or a capacity)")
+    if sliding_window:                        # the model's own sliding layer: at most its own window
+        windows = windows.clamp(max=int(sliding_window))
+    if int(windows.min()) <= sink:
+        raise HeadprobeError(f"policy layer_window: layer {layer_idx} keeps {int(windows.min())} tokens, "
+                             f"not more than the sink ({sink})")
+    return windows
+
+
 @dataclass
 class LayerWindow(Streaming):
     """Per layer: the first ``sink`` and the last ``budget - sink`` tokens, in prefill and decode alike."""
@@ -71,16 +93,7 @@ class LayerWindow(Streaming):
 
     def layer_windows(self, ctx: LayerContext) -> torch.Tensor:
         """``[batch]`` this layer's window per row (its heads share one: the engine's window is per layer)."""
-        windows = ctx.budgets.max(dim=1).values
-        if bool((ctx.budgets.min(dim=1).values != windows).any()):
-            raise HeadprobeError(f"policy layer_window: layer {ctx.layer_idx} has different budgets per head; an "
-                                 "engine's window is one per layer (use a layer split or a capacity)")
-        if ctx.sliding_window:                    # the model's own sliding layer: at most its own window
-            windows = windows.clamp(max=int(ctx.sliding_window))
-        if int(windows.min()) <= self.sink:
-            raise HeadprobeError(f"policy layer_window: layer {ctx.layer_idx} keeps {int(windows.min())} tokens, "
-                                 f"not more than the sink ({self.sink})")
-        return windows
+        return layer_windows(ctx.budgets, ctx.layer_idx, ctx.sliding_window, self.sink)
 
     def token_budgets(self, ctx: LayerContext, scores: torch.Tensor) -> torch.Tensor:  # noqa: ARG002 (a policy hook's signature)
         """``[batch, kv_heads]`` the layer's window for every head (the budget, capped at a sliding layer's own)."""
