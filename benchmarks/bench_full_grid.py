@@ -56,7 +56,7 @@ def main() -> None:
     args = parser.parse_args()
 
     loaded = headprobe.load_model(args.model, device=args.device)
-    lengths, depths, label = headprobe.frontend.probe_grid.full_grid(loaded.identity.max_context)
+    lengths, depths, label = headprobe.frontend.trial_grid.full_grid(loaded.identity.max_context)
     print(f"model {loaded.identity.name} on {loaded.device}, torch threads {torch.get_num_threads()}; {label}: "
           f"lengths {list(lengths)}; {args.mode} mode"
           + (f", recompute share {args.recompute_share:g}%" if args.mode == "reuse" else ""))

@@ -119,12 +119,12 @@ def main() -> int:
 
     out = {}
     for backend in ("torch", "triton"):
-        dispatch.set_backend(backend)
+        dispatch.set_kernel_backend(backend)
         out[f"compact_{backend}_ms"] = timed(lambda: store.write_selection(keys, values, positions,
                                                                            Selection(index, count)))
     query = torch.randn(batch, heads * args.group, 1, d, device=dev, dtype=torch.bfloat16)
     qpos = torch.full((batch, 1), n, device=dev)
-    dispatch.set_backend("torch")
+    dispatch.set_kernel_backend("torch")
     ref = dispatch.ragged_attention(query, store, qpos, d ** -0.5)
     out["max_abs_diff"] = float((ref.float() - decode().float()).abs().max())
     out["decode_torch_ms"] = timed(lambda: dispatch.ragged_attention(query, store, qpos, d ** -0.5))

@@ -24,7 +24,7 @@ import numpy as np
 from headprobe.eval import EvalResult
 from headprobe.eval.presets import PUBLISHED
 from headprobe.tune.halving import HalvingRule, bootstrap_means, interval
-from headprobe.tune.report import load_report
+from headprobe.tune.report import load_tune_report
 
 
 def _times(paths: list[str]) -> tuple[float, float]:
@@ -55,7 +55,7 @@ def main() -> None:
     ap.add_argument("--tune-time", nargs="*", default=[])
     ap.add_argument("--eval-time", nargs="*", default=[])
     args = ap.parse_args()
-    report = load_report(args.report)
+    report = load_tune_report(args.report)
     runs = Path(args.report).with_name(Path(args.report).stem + ".runs")
     held_run = trials_by_setting(EvalResult.load(runs / "holdout.json"))
     base = trials_by_setting(EvalResult.load(args.presets))

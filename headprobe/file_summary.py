@@ -9,6 +9,7 @@ from .errors import FileFormatError
 from .files.jsonio import read_json
 from .files.trial_log import read_log
 from .layer_split import LayerSplit
+from .probes.aggregate import check_trial_records, read_profile_log
 from .profile import PROFILE_FORMAT, Profile
 
 
@@ -192,8 +193,6 @@ def _summarize_run_log(path: Path, settings: dict, runs: list[dict]) -> list[str
 def _summarize_trial_log(path: Path, settings: dict, trials: list[dict]) -> list[str]:
     """A profile's trial log, checked as ``profile --resume`` and ``--merge`` check it (header and every
     record, naming the line and field of a bad one)."""
-    from .probes.aggregate import check_trial_records, read_profile_log
-
     settings, numbered = read_profile_log(path)
     check_trial_records(settings, [(f"{path}:{line}", record) for line, record in numbered])
     model = settings.get("model")

@@ -21,7 +21,7 @@ _FRONTEND: dict[str, dict[str, str]] = {
         "DEFAULT_RECOMPUTE_SHARE": "probes.modes",
         "parse_recompute_share": "probes.modes",
         "parse_policy_options": "runtime.generate",
-        "parse_tune_values": "tune.space:parse_values",
+        "parse_tune_values": "tune.space",
         "parse_bytes": "tune.memory",
         "parse_share": "tune.memory",
         "split_capacities": "eval.settings",
@@ -44,11 +44,11 @@ _FRONTEND: dict[str, dict[str, str]] = {
     },
     # what a command works out before or after loading the model: grids, needle kinds, profiles found, splits, shapes
     "plans": {
-        "probe_grid": "probes:trial_grid",
+        "trial_grid": "probes",
         "needle_kinds": "probes.inputs",
         "context_probes": "probes.context_pass",
-        "tune_profiles": "tune.candidates:found_profiles",
-        "check_tune_space": "tune.space_check:check_space",
+        "tune_profiles": "tune.candidates",
+        "check_tune_space": "tune.space_check",
         "ShapeOnly": "tune.space_check",
         "cache_dtype": "tune.memory",
         "model_shape": "explain.model_shape",

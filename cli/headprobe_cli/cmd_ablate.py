@@ -76,7 +76,7 @@ def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
     items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
     haystack = headprobe.load_haystack(args.haystack)
-    depths = frontend.probe_grid.parse_depths(args.depths)
+    depths = frontend.trial_grid.parse_depths(args.depths)
     profile = headprobe.Profile.load(args.profile) if args.profile else None
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)

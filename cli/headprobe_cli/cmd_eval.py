@@ -100,7 +100,7 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     # another run writes meanwhile is refused when this run writes its own
     replaceable = {f for f in figures if args.force or f.exists()}
     _check_rank_log(args, ranks, out)
-    depths = frontend.probe_grid.parse_depths(args.depths)
+    depths = frontend.trial_grid.parse_depths(args.depths)
     items, examples, ruler, task = _task_inputs(args)
     haystack = headprobe.load_haystack(args.haystack) if args.task not in ("dataset", "ruler") else None
     lm = load_model(args, ranks)

@@ -122,7 +122,7 @@ def _add_probe_arguments(p) -> None:
 def _add_trial_arguments(p) -> None:
     """The trial grid (lengths, depths, seeds) and what the trials read (needles, haystack, contexts,
     layer-retention tasks)."""
-    p.add_argument("--grid", choices=list(frontend.probe_grid.GRIDS), default=unset("auto"),
+    p.add_argument("--grid", choices=list(frontend.trial_grid.GRIDS), default=unset("auto"),
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
     p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
@@ -189,7 +189,7 @@ def _flag(dest: str) -> str:
 def _request(args, out_dir: Path):
     """The request the arguments make (its lengths and depths left to the grid unless given); its
     parameters that would not take effect are refused (``ProfileRequest.check_options`` with the flags typed)."""
-    grids = frontend.probe_grid
+    grids = frontend.trial_grid
     until_stable = (headprobe.StopRule(k=int(args.stable_k), jaccard=float(args.stable_jaccard))
                     if args.until_stable else None)
     probes = _probes(args)

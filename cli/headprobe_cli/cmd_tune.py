@@ -126,7 +126,7 @@ def _task(args: argparse.Namespace) -> headprobe.TuneTask:
         frontend.check_count("max_length", args.max_length)
         examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
         return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
-    depths = frontend.probe_grid.parse_depths(args.depths)
+    depths = frontend.trial_grid.parse_depths(args.depths)
     if not args.lengths:
         raise HeadprobeError("--lengths: give at least one")
     for length in args.lengths:

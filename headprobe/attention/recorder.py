@@ -70,6 +70,7 @@ class RowRequest:
 
 
 def _rows_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     recorder = RowRecorder.active()
@@ -93,6 +94,7 @@ def _rows_attention(module, query, key, value, attention_mask, scaling=None, dro
 def _rows_mask(*args, **kwargs):
     """SDPA's mask builder, except that it builds nothing for the global-attention mask of a forward whose
     request promises ``prefix_visible`` (those layers split their attention and need no mask)."""
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers.masking_utils import sdpa_mask
 
     recorder = RowRecorder.active()
@@ -144,6 +146,7 @@ class RowRecorder(AttentionSwitch, implementation=IMPLEMENTATION, sdpa_masks=Fal
         self._mask = None
 
     def __enter__(self) -> Any:
+        # transformers loads here, on first use: importing this module costs torch only
         from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
 
         if ALL_MASK_ATTENTION_FUNCTIONS._global_mapping.get(IMPLEMENTATION) is not _rows_mask:

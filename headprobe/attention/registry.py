@@ -29,6 +29,7 @@ def register_attention(name: str, forward: Callable, sdpa_masks: bool = True) ->
     sdpa_masks
         Also register SDPA's mask builder under ``name``, so the model builds the masks SDPA expects.
     """
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface, sdpa_mask
 

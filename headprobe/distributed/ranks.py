@@ -17,6 +17,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
+import torch
+import torch.distributed as dist
+
 from ..errors import HeadprobeError, param
 
 #: How long a collective waits for the slowest rank (the final gather waits for every rank's share of work).
@@ -101,8 +104,6 @@ class Ranks:
         HeadprobeError
             ``"auto"`` with several ranks and GPUs, or fewer GPUs than ranks on this machine.
         """
-        import torch
-
         if not self.distributed:
             return asked
         gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
@@ -141,7 +142,6 @@ class Ranks:
         text = json.dumps(obj, ensure_ascii=False, allow_nan=False)
         if not self.distributed:
             return [json.loads(text)]
-        import torch.distributed as dist
 
         texts: list[str] | None = [""] * self.world_size if self.is_main else None
         dist.gather_object(text, texts, dst=0)
@@ -179,8 +179,6 @@ def ranks_from_env(env: Mapping[str, str] | None = None) -> Ranks:
 
 def backend_for(device: str | None) -> str:
     """``"nccl"`` when the ranks compute on CUDA, else ``"gloo"``."""
-    import torch
-
     on_cuda = torch.cuda.is_available() and (device is None or str(device).startswith("cuda"))
     return "nccl" if on_cuda else "gloo"
 
@@ -209,8 +207,6 @@ def process_group(device: str | None = None, timeout: datetime.timedelta = DEFAU
     if not ranks.distributed:
         yield ranks
         return
-    import torch
-    import torch.distributed as dist
 
     if dist.is_initialized():          # a caller that joined the group itself keeps it
         yield Ranks(ranks.rank, ranks.world_size, ranks.local_rank, dist.get_backend())
@@ -231,9 +227,6 @@ def process_group(device: str | None = None, timeout: datetime.timedelta = DEFAU
 
 def _barrier() -> None:
     """Wait for every rank of the default group (on nccl, at this rank's current GPU)."""
-    import torch
-    import torch.distributed as dist
-
     if dist.get_backend() == "nccl":
         dist.barrier(device_ids=[torch.cuda.current_device()])
     else:

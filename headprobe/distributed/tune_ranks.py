@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import torch.distributed as dist
+
 from .ranks import Ranks
 
 
@@ -21,8 +23,6 @@ def share_from_main(ranks: Ranks, obj: Any) -> Any:
     """
     text = json.dumps(obj, ensure_ascii=False, allow_nan=False)
     if ranks.distributed:
-        import torch.distributed as dist
-
         box = [text if ranks.is_main else None]
         dist.broadcast_object_list(box, src=0)
         text = box[0]

@@ -20,16 +20,21 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
+from .. import __version__
 from ..attention.registry import AttentionSwitch
 from ..attention.rows import masked_attention
 from ..errors import HeadprobeError, param
 from ..files.jsonio import read_json
 from ..files.overwrite import check_rerun_outputs
 from ..files.trial_log import TrialLog, read_log_records
+from ..haystack.context import build_context
+from ..haystack.prompt_format import prompt_format_of
 from ..head_ranking import top_heads
+from ..limits import check_count
 from ..models.identity import ModelIdentity, identity_from_config
 from ..models.loading import transformers_model
 from ..models.placement import input_device
+from .answer_scores import score_answer
 
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel, ModelLike
@@ -71,6 +76,7 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
 
     ``query [b, H, n, d]``, ``key``/``value [b, Hkv, k, d]``; returns ``([b, n, H, d], weights or None)``.
     """
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 
     state = HeadAblation.active()
@@ -153,8 +159,6 @@ def random_heads(shape: tuple[int, int], k: int, seed: int = 0,
 def needle_accuracy(lm: LoadedModel, items: list, contexts: list, heads: list[tuple[int, int]],
                     max_new_tokens: int = 24, progress: Callable[[int], None] | None = None) -> tuple[float, list]:
     """Mean score of greedy answers with ``heads`` masked (stock cache); ``contexts`` pairs with ``items``."""
-    from .answer_scores import score_answer
-
     model = lm.model
     tok = lm.tokenizer
     out = []
@@ -248,11 +252,6 @@ def plan_ablation(lm: LoadedModel, profile: Any, ks: list[int], items: list, len
     HeadprobeError
         A profile without head scores or made for another model, a k outside ``1 .. heads``.
     """
-    from .. import __version__
-    from ..haystack.context import build_context
-    from ..haystack.prompt_format import prompt_format_of
-    from ..limits import check_count
-
     check_count("max_new_tokens", max_new_tokens)
     if profile.query_heads is None:
         raise HeadprobeError(f"{profile.kind} profile has no head scores to rank heads by")
@@ -313,8 +312,6 @@ def run_masked(lm: LoadedModel, plan: AblationPlan, run_ids: list[str], progress
 
 def ablation_result(lm: LoadedModel, plan: AblationPlan, done: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The ablation result from every run of the plan (:func:`run_masked`)."""
-    from .. import __version__
-
     def heads(run_id: str) -> list[str]:
         return [f"{l}-{h}" for l, h in plan.runs[run_id]]
 

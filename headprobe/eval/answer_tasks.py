@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from ..errors import HeadprobeError, param
 from ..haystack.prompt_format import ANSWER_CUE, plain_question, prompt_format_of
+from .answer_scores import answer_text, score_answer
 
 
 class AnswerTask(Protocol):
@@ -81,8 +82,6 @@ class LongBenchQA:
         return max_new_tokens
 
     def trial(self, ex: Any, response: str, form: str) -> dict[str, Any]:
-        from .answer_scores import answer_text, score_answer
-
         return {"response": response, "gold": list(ex.answers),
                 "score": score_answer(answer_text(response, form), list(ex.answers), "f1")}
 

@@ -26,7 +26,7 @@ NUMBERS = ("none", "one", "two", "three", "four")
 MOVES = ("went to", "moved to", "travelled to", "journeyed to")
 TAKES = ("picked up", "took", "grabbed")
 DROPS = ("dropped", "put down", "left")
-TASKS = ("single", "two", "count", "yesno")
+BABI_TASKS = ("single", "two", "count", "yesno")
 
 
 @dataclass(frozen=True)
@@ -38,7 +38,7 @@ class BabiQuestion:
     id
         ``babi-<task>-<n>``.
     task
-        One of :data:`TASKS`.
+        One of :data:`BABI_TASKS`.
     facts
         The fact sentences, in story order.
     question
@@ -91,8 +91,8 @@ def generate_question(task: str, rng: random.Random, index: int = 0) -> BabiQues
     HeadprobeError
         Unknown task type.
     """
-    if task not in TASKS:
-        raise HeadprobeError(f"{param('task', task)}: unknown task; expected one of {', '.join(TASKS)}")
+    if task not in BABI_TASKS:
+        raise HeadprobeError(f"{param('task', task)}: unknown task; expected one of {', '.join(BABI_TASKS)}")
     people = rng.sample(PEOPLE, 3)
     world = _World(rng, people)
     qid = f"babi-{task}-{index}"
@@ -134,13 +134,13 @@ def generate_question(task: str, rng: random.Random, index: int = 0) -> BabiQues
     return BabiQuestion(qid, task, tuple(world.facts), f"Is {target} in the {asked}?", answer, ("yes", "no"))
 
 
-def generate_questions(count: int, tasks: tuple[str, ...] | list[str] = TASKS, seed: int = 0) -> list[BabiQuestion]:
+def generate_questions(count: int, tasks: tuple[str, ...] | list[str] = BABI_TASKS, seed: int = 0) -> list[BabiQuestion]:
     """``count`` questions cycling over ``tasks``, deterministic for a seed."""
     if count < 1:
         raise HeadprobeError(f"{param('count', count)}: expected at least 1")
     for task in tasks:
-        if task not in TASKS:
-            raise HeadprobeError(f"{param('tasks', task)}: unknown task; expected one of {', '.join(TASKS)}")
+        if task not in BABI_TASKS:
+            raise HeadprobeError(f"{param('tasks', task)}: unknown task; expected one of {', '.join(BABI_TASKS)}")
     rng = random.Random(seed)
     tasks = list(tasks)
     return [generate_question(tasks[i % len(tasks)], rng, i) for i in range(count)]

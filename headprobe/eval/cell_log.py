@@ -19,6 +19,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from .. import __version__
 from ..errors import HeadprobeError
 from ..files.jsonio import check_writable_dir
 from ..files.overwrite import check_rerun_outputs
@@ -150,8 +151,6 @@ class CellLog:
     def __init__(self, lm: LoadedModel, out: str | Path, task: dict[str, Any], grid: dict[str, Any],
                  settings: list[EvalSetting], log_settings: dict[str, Any], resume: bool = False,
                  force: bool = False, figures: Sequence[str | Path] = ()) -> None:
-        from .. import __version__
-
         self.out = Path(out)
         check_eval_outputs(out, figures, resume=resume, force=force)
         #: Whether the next write may replace a result at ``out``: with force, the one its log made when

@@ -9,13 +9,18 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import torch
+
 from ..errors import HeadprobeError, param
 from ..haystack.prompt_format import prompt_format_of
 from ..haystack.qa_data import ContextFields, open_dataset, read_rows  # noqa: F401 (open_dataset: its earlier home)
 from ..library_bridges.press_settings import KVPRESS
+from ..limits import check_count
+from ..runtime import record_prefill
 from .answer_tasks import LongBenchQA, qa_prompt_ids  # noqa: F401 (qa_prompt_ids: its earlier home)
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult
+from .runner import resolve_budgets, shares_prefill
 from .setting_run import run_setting, run_settings
 from .settings import EvalSetting
 
@@ -105,8 +110,6 @@ def run_dataset_eval(lm: LoadedModel, examples: list[QAExample], settings: list[
         question, an existing log without ``resume``/``force``, an existing result or figure the run may
         not replace, a log made with other settings, or a log another run writes to.
     """
-    from ..limits import check_count
-    from .runner import resolve_budgets, shares_prefill
     answer_task = answer_task or LongBenchQA()
     check_count("max_new_tokens", max_new_tokens)
     check_count("max_length", max_length)
@@ -202,10 +205,6 @@ def _answer_sharing_prefill(lm: LoadedModel, examples: list[QAExample], prompts:
                             spans: list[tuple[int, int] | None]) -> list[dict[str, Any]]:
     """Every example under every setting, examples outer: one recorded prompt forward per example serves
     the settings that prefill with plain attention. Returns one cell record per setting, in their order."""
-    import torch
-
-    from ..runtime import record_prefill
-
     trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
     stop_at_line = answer_task.task_record(form).get("scored") == "first line"
     for ex, ids, span in zip(examples, prompts, spans, strict=True):

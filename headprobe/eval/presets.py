@@ -5,7 +5,7 @@ from the policy's own defaults. :data:`PUBLISHED` records, per preset, the setti
 published with and the source of each; ``docs/eval.md`` ("Published defaults") prints the same table and
 a test checks that every preset really runs with them. The observation window is the setting that
 differs most between methods: SnapKV's authors ran a 32-token window, HeadKV's and PyramidKV's an
-8-token one; :data:`PRESETS` keeps each at its own, and a setting can override any of them
+8-token one; :data:`EVAL_PRESETS` keeps each at its own, and a setting can override any of them
 (``snapkv[window=8]``, ``headkv-r[window=question]``) to compare methods at one window.
 """
 
@@ -126,7 +126,7 @@ PUBLISHED: dict[str, Preset] = {
 QUESTION_WINDOW = "question"
 
 #: name -> (policy, allocation, profiles, policy options), the form :func:`~.settings.parse_setting` reads.
-PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
+EVAL_PRESETS: dict[str, tuple[str, str | None, tuple[str, ...], dict[str, Any]]] = {
     name: (p.policy, p.allocation, p.profiles, dict(p.options)) for name, p in PUBLISHED.items()}
 
 
@@ -151,6 +151,7 @@ def describe_window(setting: Mapping[str, Any], windows: Sequence[int] = ()) -> 
         ``"published"`` (a preset with its published options), ``"matched"`` (a preset with only its
         window changed) or ``"custom"``.
     """
+    # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
     from ..runtime import POLICIES
 
     name, policy, options = setting["name"], setting["policy"], setting.get("options") or {}
@@ -164,9 +165,9 @@ def describe_window(setting: Mapping[str, Any], windows: Sequence[int] = ()) -> 
         window = f"question ({min(windows)}–{max(windows)})" if windows else "question"
     else:
         window = str(options.get("window", policy_class.window))
-    if name in PRESETS and options == PRESETS[name][3]:
+    if name in EVAL_PRESETS and options == EVAL_PRESETS[name][3]:
         kind = "published"
-    elif method in PRESETS and set(options) - set(PRESETS[method][3]) <= {"window"}:
+    elif method in EVAL_PRESETS and set(options) - set(EVAL_PRESETS[method][3]) <= {"window"}:
         kind = "matched"
     else:
         kind = "custom"

@@ -117,7 +117,7 @@ class EvalResult:
                    {k: v for k, v in obj.items() if k not in known})
 
 
-def format_summary(result: EvalResult) -> str:
+def format_eval_summary(result: EvalResult) -> str:
     """A short text table: setting, accuracy, share of trials found (score > 0.5), cache MiB, share of the full cache, ms/token."""
     rows = [f"{'setting':<24} {'acc':>6} {'found':>6} {'cache MiB':>10} {'of full':>8} {'ms/tok':>8} {'cells':>6}"]
     for s in result.summary():

@@ -42,7 +42,7 @@ TIMEOUT_S = 900
 
 
 @dataclass(frozen=True)
-class GenerationRequest:
+class RulerGeneration:
     """What to generate: ``tasks`` at each of ``lengths`` (tokens, answer included), ``samples`` each, ``seed``."""
 
     tasks: tuple[str, ...]
@@ -75,6 +75,7 @@ def generator_root() -> Path:
 
 def has_punkt_tab() -> bool:
     """Whether NLTK finds its ``punkt_tab`` sentence data (English)."""
+    # nltk comes with the optional `ruler` extra
     import nltk
 
     try:
@@ -84,7 +85,7 @@ def has_punkt_tab() -> bool:
     return True
 
 
-def check_request(request: GenerationRequest, max_context: int | None) -> Path:
+def check_ruler_generation(request: RulerGeneration, max_context: int | None) -> Path:
     """Refuse, before any model loads, what cannot be generated here; returns :func:`generator_root`.
 
     Raises
@@ -115,6 +116,7 @@ def check_request(request: GenerationRequest, max_context: int | None) -> Path:
 def task_command(root: Path, task: str, length: int, samples: int, seed: int, tokenizer_dir: str | Path,
                  save_dir: Path) -> list[str]:
     """The command ``prepare.py`` runs for ``task`` (its template, answer prefix and arguments), with ``seed``."""
+    # RULER's generator and its config reader: the optional `ruler` extra
     import yaml
     from long_context_eval.data.synthetic.constants import TASKS
     config = yaml.safe_load((root / "synthetic.yaml").read_text())[task]
@@ -141,7 +143,7 @@ def tokenizer_folder(tokenizer: Any, scratch: Path) -> Path:
     return scratch
 
 
-def generate(request: GenerationRequest, tokenizer: Any, folder: str | Path, root: Path | None = None,
+def generate_ruler(request: RulerGeneration, tokenizer: Any, folder: str | Path, root: Path | None = None,
              timeout_s: float = TIMEOUT_S) -> Path:
     """Write RULER's files for ``tokenizer`` under ``folder`` (``LENGTH/TASK/validation.jsonl``).
 

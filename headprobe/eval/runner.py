@@ -18,12 +18,15 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..allocation import allocate, load_profile, newest_profile
+from ..allocation.options import spelled_as_setting_options
 from ..errors import HeadprobeError, param
 from ..haystack.context import TrialContext, build_context
 from ..haystack.corpus import Haystack
 from ..haystack.prompt_format import prompt_format_of
 from ..library_bridges.press_settings import KVPRESS
 from ..limits import check_count
+from ..runtime import POLICIES, record_prefill
 from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
 from .items import EvalItem
@@ -94,10 +97,6 @@ def resolve_budget(lm: HasIdentity, setting: EvalSetting, profile_dirs: list[Pat
         A profile that is missing or made for another model, a capacity the allocator refuses (one no
         larger than the window), an allocation option it refuses, or a map per query head.
     """
-    from ..allocation import allocate, load_profile, newest_profile
-    from ..allocation.options import spelled_as_setting_options
-    from ..runtime import POLICIES
-
     if setting.capacity is None:
         return None
     if setting.policy == KVPRESS:       # the press keeps the capacity; kvpress places it
@@ -141,8 +140,6 @@ def map_budget(lm: HasIdentity, setting: EvalSetting, window: int) -> Any:
     HeadprobeError
         A map made for another model, or a head budget smaller than the window.
     """
-    from ..runtime import POLICIES
-
     bm = load_setting_map(setting.profiles[0], setting.name)
     try:
         bm.check_fits(lm.identity, what=f"budget map {setting.profiles[0]}")      # its trials do not check it again
@@ -358,8 +355,6 @@ def run_cell_group(lm: LoadedModel, request: EvalRequest, prompts: GridPrompts, 
     list of dict
         One :func:`~headprobe.eval.cell_log.cell_record` per setting, in the order of ``settings``.
     """
-    from ..runtime import record_prefill
-
     share = request.share_prefill and sum(shares_prefill(s) for s in settings) > 1
     trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
     full_first = sorted(settings, key=lambda s: s.policy != "full")

@@ -15,6 +15,7 @@ import torch
 
 from ..errors import HeadprobeError
 from ..library_bridges.press_settings import KVPRESS, run_press
+from ..runtime import POLICIES, CacheSetting, generate_compressed, generate_from_prefill, generate_settings
 from .settings import EvalSetting
 
 if TYPE_CHECKING:
@@ -87,8 +88,6 @@ def count_new_tokens(tokens: list[int], eos_token_id: int | None, pad_token_id: 
 
 def shares_prefill(setting: EvalSetting) -> bool:
     """Whether the setting's policy prefills with plain attention (one recorded forward serves it)."""
-    from ..runtime import POLICIES
-
     return setting.policy != KVPRESS and bool(POLICIES[setting.policy].full_prefill)
 
 
@@ -115,8 +114,6 @@ def run_settings(lm: LoadedModel, input_ids: list[int], runs: list[tuple[EvalSet
         A batched setting's ``seconds`` is the prompt forward, its cache's compression and its share of the
         batch's decode.
     """
-    from ..runtime import CacheSetting, generate_settings
-
     out: list[SettingRun | None] = [None] * len(runs)
     together = [i for i, (s, _) in enumerate(runs) if prefill is not None and shares_prefill(s)]
     if together:
@@ -165,8 +162,6 @@ def run_setting(lm: LoadedModel, input_ids: list[int], setting: EvalSetting, bud
     stop_at_line
         End the answer at its first line break (not for kvpress's pipeline, which runs its own loop).
     """
-    from ..runtime import generate_compressed, generate_from_prefill
-
     if setting.policy == KVPRESS:
         return run_kvpress_setting(lm, input_ids, setting, max_new_tokens, question_span)
     policy = setting.runtime_policy           # built once per setting (and window), not per trial

@@ -1,6 +1,6 @@
 """Eval settings: which policy, which allocation (and its profiles), with which options, at which capacity.
 
-A setting is written ``NAME`` (a preset, see :data:`PRESETS`: each method at its published setting) or
+A setting is written ``NAME`` (a preset, see :data:`EVAL_PRESETS`: each method at its published setting) or
 ``POLICY[:ALLOCATION[:PROFILE,...]]`` where ``PROFILE`` is a profile kind (``retrieval``,
 ``retrieval_reasoning``, ``enhanced_retrieval``, ``layer_retention``; the newest matching profile is used)
 or a profile file, optionally followed by options in brackets: ``keepkv[key_merge=zip]``,
@@ -34,13 +34,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..allocation.layer_split_choice import split_budget_map
 from ..allocation.options import format_option_value, spelled_as_setting_options
 from ..allocation.registry import ALLOCATORS, check_allocator_options
 from ..errors import HeadprobeError, param
 from ..library_bridges.press_settings import KVPRESS, check_press, press_spec
 from ..library_bridges.press_settings import PRESSES as KVPRESS_PRESSES
 from ..profile_kinds import PROFILE_KINDS
-from .presets import PRESETS, QUESTION_WINDOW
+from .presets import EVAL_PRESETS, QUESTION_WINDOW
 
 #: The ``allocation`` of a setting that runs a budget-map file (``POLICY:FILE.json``); its ``profiles`` hold
 #: the file.
@@ -60,12 +61,12 @@ def load_setting_map(path: str, written: str) -> Any:
     HeadprobeError
         A missing or invalid file, or a map per query head.
     """
-    from ..allocation.layer_split_choice import split_budget_map
-    from ..runtime.split_budget import load_split_or_map
+    # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
+    from ..runtime.split_budget import load_budget_file
 
     if not Path(path).is_file():
         raise HeadprobeError(f"{param('spec', written)}: budget map {path!r}: no such file")
-    bm = load_split_or_map(path)            # a layer split runs as its budget map (its windows, layer_window)
+    bm = load_budget_file(path)            # a layer split runs as its budget map (its windows, layer_window)
     if not hasattr(bm, "budgets"):
         bm = split_budget_map(bm)
     if bm.granularity != "kv_head":
@@ -174,6 +175,7 @@ class EvalSetting:
         policy's default (:data:`QUESTION_WINDOW` when it is set per prompt)."""
         if "window" in self.options:
             return self.options["window"]
+        # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
         from ..runtime import POLICIES
 
         return POLICIES[self.policy].window
@@ -291,6 +293,7 @@ def _bracket_options(inner: str | None, allocation: str | None, written: str) ->
     """
     if inner is None:
         return {}
+    # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
     from ..runtime.generate import parse_policy_options
 
     allocator = ALLOCATORS.get(allocation) if allocation is not None else None
@@ -313,10 +316,11 @@ def _bracket_options(inner: str | None, allocation: str | None, written: str) ->
 def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
                      ) -> tuple[str, str | None, tuple[str, ...], dict[str, Any]]:
     """``(policy, allocation, profiles, preset options)`` of a setting without its brackets."""
+    # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
     from ..runtime import POLICIES
 
-    if spec in PRESETS:
-        policy, alloc, profs, opts = PRESETS[spec]
+    if spec in EVAL_PRESETS:
+        policy, alloc, profs, opts = EVAL_PRESETS[spec]
         return policy, alloc, profs, dict(opts)
     parts = spec.split(":")
     if parts[0] == KVPRESS:
@@ -326,13 +330,13 @@ def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
         press_spec(parts[1], spec)
         return KVPRESS, None, (parts[1],), {}
     if len(parts) > 3 or not parts[0]:
-        raise HeadprobeError(f"{param('spec', spec)}: expected a preset ({', '.join(PRESETS)}) or "
+        raise HeadprobeError(f"{param('spec', spec)}: expected a preset ({', '.join(EVAL_PRESETS)}) or "
                              "POLICY[:ALLOCATION[:PROFILE,...]]")
     policy = parts[0]
     known = tuple(POLICIES) if policies is None else policies
     if policy not in known or policy not in POLICIES:
         raise HeadprobeError(f"{param('spec', spec)}: unknown policy {policy!r} and no such preset; presets: "
-                             f"{', '.join(PRESETS)}; policies: {', '.join(sorted(known))}")
+                             f"{', '.join(EVAL_PRESETS)}; policies: {', '.join(sorted(known))}")
     alloc = parts[1] if len(parts) > 1 and parts[1] else None
     if alloc is not None and is_map_file(alloc):
         if len(parts) > 2:
@@ -363,6 +367,7 @@ def _route(written: str, policy: str, allocation: str | None,
     HeadprobeError
         A key neither declares or both declare, or allocation options the allocator refuses.
     """
+    # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
     from ..runtime import POLICIES
 
     policy_keys = POLICIES[policy].option_names()

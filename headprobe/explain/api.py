@@ -14,9 +14,13 @@ from typing import Any
 
 import numpy as np
 
+from ..allocation.api import allocate
+from ..allocation.common import check_beta
+from ..allocation.dynamickv_offline import parse_task_mix
 from ..errors import HeadprobeError, param
 from ..layer_split import LayerSplit
 from ..limits import check_count
+from ..models.registry import DEFAULT_MODEL
 from .convert import GQA_RULES, Conversion, from_duoattention, from_headkv, from_press
 from .engines.allocation import EngineAllocation
 from .engines.duoattention import duo_allocation, duo_split, duo_static_allocation
@@ -61,7 +65,6 @@ def _check_options(o: dict[str, Any]) -> None:
     if o["recent_size"] is not None:
         check_count("recent_size", o["recent_size"], minimum=1)
     if o["beta"] is not None:
-        from ..allocation.common import check_beta
         check_beta(o["beta"])
     t = o["temperature"]
     if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
@@ -175,7 +178,6 @@ def _checked_input(inputs: str | Path | Sequence[str | Path], model: str | None,
         raise HeadprobeError(f"{param('press')} explains a kvpress press without an input file; for a DuoAttention "
                              f"folder, {param('ratio')} is DuoAttentionPress' head_compression_ratio")
     if not paths and press is not None and model is None:
-        from ..models.registry import DEFAULT_MODEL
         model = DEFAULT_MODEL
     identity = model_shape(model) if model is not None else None
     press_setting = PressSetting(press, ratio, options["press_options"]) if press is not None else None
@@ -269,9 +271,6 @@ def _budget_map(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
 
 
 def _profile(inp: ExplainInput, setting: Setting, o: dict[str, Any]):
-    from ..allocation.api import allocate
-    from ..allocation.dynamickv_offline import parse_task_mix
-
     method = o["method"] or _default_method(inp.profiles)
     capacity = o["capacity"] if o["capacity"] is not None else DEFAULT_CAPACITY
     window = o["window"] if o["window"] is not None else DEFAULT_WINDOW

@@ -17,6 +17,7 @@ from ..files.jsonio import atomic_write_json
 from ..files.overwrite import check_overwrite
 from ..models.identity import ModelIdentity
 from .engines.allocation import EngineAllocation
+from .engines.headprobe_runtime import generate_command
 from .setting import Setting
 
 EXPLAIN_FORMAT = "headprobe.explain"
@@ -117,8 +118,6 @@ class Explanation:
     def generate_command(self, path: str | Path) -> str:
         """``headprobe generate ...``: the command that runs :attr:`budget_map`, saved at ``path``, in headprobe's
         runtime with the policy it runs with (:attr:`run_with`)."""
-        from .engines.headprobe_runtime import generate_command
-
         return "headprobe " + generate_command(str(path), self.run_with["policy"], self.run_with["options"])
 
 

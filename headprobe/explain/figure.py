@@ -15,7 +15,8 @@ import numpy as np
 import seaborn as sns
 from matplotlib.figure import Figure
 
-from ..plots.profile_figures import fit_title
+from ..files.overwrite import check_overwrite
+from ..plots.profile_figures import fit_title, save_figure
 from .explanation import Explanation
 from .setting import format_bytes
 
@@ -76,8 +77,5 @@ __all__ = ("explain_figure",)
 
 def save_explain_figure(ex: Explanation, path: str | Path, force: bool = False) -> Path:
     """Draw :func:`explain_figure` and save it (PNG, or SVG by suffix), never replacing a file without ``force``."""
-    from ..files.overwrite import check_overwrite
-    from ..plots.profile_figures import save_figure
-
     check_overwrite(path, force)
     return save_figure(explain_figure(ex), path, force=force)

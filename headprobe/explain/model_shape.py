@@ -11,14 +11,15 @@ from __future__ import annotations
 from dataclasses import replace
 
 from ..errors import HeadprobeError, param
+from ..files.jsonio import read_json
 from ..models.identity import ModelIdentity
+from ..models.loading import resolve_model
 from ..paths import shipped_profiles_dir
+from ..tool_files.known import identity_for_model
 
 
 def shipped_identity(hf_id: str) -> ModelIdentity | None:
     """The identity of ``hf_id`` as a shipped profile records it (``None`` when none was made on it)."""
-    from ..files.jsonio import read_json
-
     for path in sorted(shipped_profiles_dir().glob("*.json")):
         try:
             block = read_json(path).get("model")
@@ -37,9 +38,6 @@ def model_shape(model: str) -> ModelIdentity:
     HeadprobeError
         An unknown alias, a missing folder, or a hub model whose config is not in the local cache.
     """
-    from ..models.loading import resolve_model
-    from ..tool_files.known import identity_for_model
-
     resolved = resolve_model(model)
     if resolved.spec is not None and resolved.spec.gguf_package:
         found = shipped_identity(resolved.spec.hf_id)

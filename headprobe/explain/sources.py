@@ -15,12 +15,16 @@ from typing import Any
 
 import numpy as np
 
+from ..allocation.api import load_profile
+from ..allocation.layer_split_choice import split_budget_map
 from ..budget_map import BUDGET_FORMAT, BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
 from ..files.jsonio import file_fingerprint, read_json
 from ..layer_split import SPLIT_FORMAT, LayerSplit
 from ..models.identity import ModelIdentity
 from ..profile import PROFILE_FORMAT, Profile
+from ..tool_files.duoattention import TSV_NAME, read_duoattention
+from ..tool_files.headkv_json import read_headkv_json
 
 #: The kinds of input, in the order the documentation lists them.
 INPUT_KINDS = ("budget_map", "profile", "duoattention", "headkv", "kvpress")
@@ -180,8 +184,6 @@ def _fits(found: ModelIdentity, model: ModelIdentity | None, what: str) -> Model
 def _budget_map(path: Path, model: ModelIdentity | None) -> ExplainInput:
     obj = read_json(path, "input file")
     if obj.get("format") == SPLIT_FORMAT:
-        from ..allocation.layer_split_choice import split_budget_map
-
         split = LayerSplit.load(path)
         ident = _fits(split.model, model, f"layer split {path}")
         return ExplainInput("budget_map", ident, [path], file_fingerprint(path), budget_map=split_budget_map(split),
@@ -196,8 +198,6 @@ def _budget_map(path: Path, model: ModelIdentity | None) -> ExplainInput:
 
 
 def _profiles(paths: list[Path], model: ModelIdentity | None) -> ExplainInput:
-    from ..allocation.api import load_profile
-
     profiles = [load_profile(p) for p in paths]
     ident = _fits(profiles[0].model, model, f"profile {paths[0]}")
     for p, path in zip(profiles[1:], paths[1:], strict=True):
@@ -207,8 +207,6 @@ def _profiles(paths: list[Path], model: ModelIdentity | None) -> ExplainInput:
 
 def _duoattention(path: Path, model: ModelIdentity | None, sink_size: int | None,
                   recent_size: int | None) -> ExplainInput:
-    from ..tool_files.duoattention import TSV_NAME, read_duoattention
-
     folder = path if path.is_dir() else path.parent
     profile = read_duoattention(folder, model)
     config = profile.probe.get("config") or {}
@@ -230,8 +228,6 @@ def _duoattention(path: Path, model: ModelIdentity | None, sink_size: int | None
 
 
 def _headkv(path: Path, model: ModelIdentity | None) -> ExplainInput:
-    from ..tool_files.headkv_json import read_headkv_json
-
     profile = read_headkv_json(path, model)
     return ExplainInput("headkv", profile.model, [path], file_fingerprint(path),
                         scores=np.asarray(profile.query_heads, dtype=np.float64),

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import HeadprobeError, param
+from .overwrite import dangling_message
 
 #: ``os.link`` errors of file systems without hard links: the name is then reserved by an exclusive create.
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV,
@@ -121,8 +122,6 @@ def put_in_place(tmp: Path, path: Path, overwrite: bool, hint: str = "") -> None
     except FileExistsError:
         remove_quietly(tmp)
         if path.is_symlink() and not path.exists():
-            from .overwrite import dangling_message
-
             raise HeadprobeError(dangling_message(path)) from None
         raise HeadprobeError(exists_message(path, hint or "(it was written while this run worked; nothing was "
                                                           "replaced)")) from None

@@ -36,6 +36,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('headprobe.library_bridges.kvpress needs kvpress: pip install "headprobe[kvpress]"') from exc
 
+from ..allocation import allocate
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
 from ..models.identity import identity_from_config, text_config
@@ -128,8 +129,6 @@ class BudgetMapPress(BasePress):
                      capacity: int = 128, window: int = 8, beta: float = 1.2, sink: int = 0,
                      **allocate_options: Any) -> BudgetMapPress:
         """HeadKV budgets allocated from a head-score profile (:func:`headprobe.allocate`), as a press."""
-        from ..allocation import allocate
-
         if not isinstance(profile, Profile):
             profile = Profile.load(profile)
         bm = allocate("headkv", [profile], capacity=capacity, window=window, beta=beta, sink=sink,

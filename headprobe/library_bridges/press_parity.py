@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from ..runtime.generate import generate_compressed
+
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
@@ -44,8 +46,6 @@ def headprobe_kept(lm: LoadedModel, input_ids: torch.Tensor, policy: str, option
     Kept
         ``[layer][kv_head]`` sorted positions (layers the cache does not compress hold every position).
     """
-    from ..runtime.generate import generate_compressed
-
     result = generate_compressed(lm, input_ids=input_ids, policy=policy, policy_options=options or {},
                                  budget=budget, capacity=capacity, max_new_tokens=1)
     n, heads = input_ids.shape[1], lm.identity.num_kv_heads
@@ -64,6 +64,7 @@ def headprobe_kept(lm: LoadedModel, input_ids: torch.Tensor, policy: str, option
 @torch.no_grad()
 def full_keys(model: PreTrainedModel, input_ids: torch.Tensor) -> list[torch.Tensor]:
     """Every layer's ``[1, kv_heads, tokens, head_dim]`` keys of an uncompressed prefill of ``input_ids``."""
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -88,6 +89,7 @@ def press_kept(model: PreTrainedModel, press: Any, input_ids: torch.Tensor, keys
         A kept key row that matches no key of the uncompressed prefill (the press changed the keys, as
         merging presses do: no positions can be read from it).
     """
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 
     keys = full_keys(model, input_ids) if keys is None else keys

@@ -101,6 +101,7 @@ def _kvpress(written: str) -> Any:
 def _press_class(name: str, written: str) -> Any:
     if name == "DuoAttentionFolderPress":
         _kvpress(written)
+        # kvpress (the optional `kvpress` extra), checked just above
         from .kvpress import DuoAttentionFolderPress
 
         return DuoAttentionFolderPress
@@ -202,6 +203,7 @@ def _pipeline(lm: LoadedModel) -> Any:
     key = id(lm.model)
     if key not in _PIPELINES:
         _kvpress("kvpress")
+        # transformers loads here: eval's setting parser imports this module and `headprobe --help` stays light
         from transformers import pipeline
 
         _PIPELINES.clear()

@@ -12,12 +12,14 @@ import importlib.util
 import io
 import json
 import os
+import pickle
 import shutil
 import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -188,6 +190,7 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
         When a model of :data:`LARGE_ON_CPU` parameters or more lands on the CPU without ``device="cpu"``
         having been asked for (no GPU, or a torch that cannot use it), saying why.
     """
+    # the model stack loads with a model: every command imports this module to resolve model names
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -288,6 +291,7 @@ def quiet_weight_loading() -> Iterator[None]:
     that creates disabled bars, where this transformers has it, else ``disable_progress_bar`` (which
     also hides download bars); the previous state is restored on leaving.
     """
+    # the model stack loads with a model: every command imports this module to resolve model names
     from transformers.utils import logging as hf_logging
 
     if hasattr(hf_logging, "set_tqdm_hook"):
@@ -338,6 +342,7 @@ def _warn_if_large_on_cpu(torch: Any, lm: LoadedModel) -> None:
 
 def model_identity(model: str, trust_remote_code: bool = False) -> ModelIdentity:
     """The identity of a model from its config alone (no weights loaded)."""
+    # the model stack loads with a model: every command imports this module to resolve model names
     from transformers import AutoConfig
 
     resolved = resolve_model(model)
@@ -385,6 +390,7 @@ def check_hub_access(resolved: ResolvedModel, model: str) -> bool:
     """
     if not resolved.source.startswith("hub:"):
         return False
+    # the Hub client loads only for a model named by its Hub id
     from huggingface_hub import constants, try_to_load_from_cache
     from huggingface_hub.utils import build_hf_headers, get_session
 
@@ -414,7 +420,6 @@ def _damaged_weights(exc: BaseException, resolved: ResolvedModel) -> bool:
     """Whether ``exc``, raised while reading a model's files, says a weight file is truncated or corrupt."""
     if type(exc).__name__ == "SafetensorError":          # safetensors' Rust error (no importable base class)
         return True
-    import pickle
     return resolved.source.startswith("local:") and isinstance(exc, (RuntimeError, EOFError, pickle.UnpicklingError))
 
 
@@ -486,6 +491,7 @@ def conversion_inputs(spec: ModelSpec, gguf: Path) -> dict[str, Any]:
     or an upgrade) is never reused: transformers' GGUF reader and the tokenizer classes it writes change
     between releases (a tokenizer saved by one release can load as another class in the next, which
     tokenizes every space differently)."""
+    # the model stack loads with a model: every command imports this module to resolve model names
     import transformers
 
     return {"file": gguf.name, "size": gguf.stat().st_size,
@@ -495,8 +501,6 @@ def conversion_inputs(spec: ModelSpec, gguf: Path) -> dict[str, Any]:
 
 
 def _version_of(package: str) -> str:
-    from importlib import metadata
-
     try:
         return metadata.version(package.replace("_", "-"))
     except metadata.PackageNotFoundError:
@@ -515,6 +519,7 @@ def _converted_gguf(spec: ModelSpec, again: bool = False) -> Path:
     if not again and (target / "config.json").exists() and any(target.glob("*.safetensors")) \
             and (target / SOURCE_FILE).exists():
         return target
+    # the model stack loads with a model: every command imports this module to resolve model names
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -570,6 +575,7 @@ def _model_tokenizer(resolved: ResolvedModel, model: str, path: str, trust_remot
                      cache_only: bool) -> tuple[str, Any]:
     """The model folder to load weights from and its tokenizer; a shipped GGUF's conversion is checked
     (:func:`_checked_gguf_tokenizer`)."""
+    # the model stack loads with a model: every command imports this module to resolve model names
     from transformers import AutoTokenizer
 
     def load(folder: Any) -> Any:

@@ -52,6 +52,7 @@ def check_max_memory(max_memory: Mapping[Any, Any]) -> dict[int | str, int]:
     HeadprobeError
         A key that is not a device or a size accelerate cannot read.
     """
+    # accelerate loads only when --max-memory is given
     from accelerate.utils import convert_file_size_to_int
 
     out: dict[int | str, int] = {}
@@ -133,6 +134,7 @@ def placement_kwargs(device: str, max_memory: Mapping[Any, Any] | None = None,
 
 
 def _as_device(value: Any) -> Any:
+    # torch loads with a model: --device and --max-memory are checked without it
     import torch
 
     if isinstance(value, int):
@@ -147,6 +149,7 @@ def input_device(model: PreTrainedModel) -> Any:
     on the CPU next to GPU layers) sit on ``"meta"`` until their hook loads them; the embedding's hook
     names where its forward runs.
     """
+    # torch loads with a model: --device and --max-memory are checked without it
     import torch
 
     embeddings = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None

@@ -3,7 +3,7 @@ needle grids, accuracy against cache memory, ablation bars, head-ranking stabili
 
 from .eval_figures import ablation_bars, accuracy_vs_memory, needle_grid
 from .profile_figures import (
-           FORMATS,
+           PLOT_FORMATS,
            budget_heatmap,
            compare_heatmaps,
            head_heatmap,
@@ -14,7 +14,7 @@ from .profile_figures import (
 from .stability import jaccard_curve, stability_figure
 
 __all__ = [
-           "FORMATS",
+           "PLOT_FORMATS",
            "ablation_bars",
            "accuracy_vs_memory",
            "budget_heatmap",

@@ -24,10 +24,12 @@ from matplotlib.text import Text
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError
+from ..files.atomic import write_file_atomically
+from ..files.overwrite import check_overwrite
 from ..head_ranking import top_heads
 from ..profile import Profile
 
-FORMATS = ("png", "svg")
+PLOT_FORMATS = ("png", "svg")
 _CMAP = "viridis"
 
 
@@ -259,14 +261,11 @@ def save_figure(fig: Figure, path: str | Path, fmt: str | None = None, force: bo
         An unknown format, an existing image (without ``force``), or a folder that cannot be written
         (``PATH: cannot write (Read-only file system)``); no temporary file is left behind.
     """
-    from ..files.atomic import write_file_atomically
-    from ..files.overwrite import check_overwrite
-
     path = Path(path)
     fmt = (fmt or path.suffix.lstrip(".") or "png").lower()
     try:
-        if fmt not in FORMATS:
-            raise HeadprobeError(f"plot format must be one of {', '.join(FORMATS)}, got {fmt!r}")
+        if fmt not in PLOT_FORMATS:
+            raise HeadprobeError(f"plot format must be one of {', '.join(PLOT_FORMATS)}, got {fmt!r}")
         if path.suffix.lstrip(".").lower() != fmt:
             path = path.with_suffix(f".{fmt}")
         check_overwrite(path, force)
@@ -276,5 +275,5 @@ def save_figure(fig: Figure, path: str | Path, fmt: str | None = None, force: bo
     return path
 
 
-__all__ = ("FORMATS", "budget_heatmap", "compare_heatmaps", "head_heatmap", "retention_curves", "save_figure",
+__all__ = ("PLOT_FORMATS", "budget_heatmap", "compare_heatmaps", "head_heatmap", "retention_curves", "save_figure",
            "spearman")

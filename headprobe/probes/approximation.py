@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from .aggregate import steps_of_log
 from .trial_grid import CPU_DEPTHS, CPU_LENGTHS
 
 
@@ -62,7 +63,6 @@ def approximation_record(settings: dict[str, Any], kind: str) -> dict[str, Any] 
     exact mode (fast, reference) and for a pass that runs exactly in every mode (layer retention)."""
     if settings.get("mode") != "reuse":
         return None
-    from .aggregate import steps_of_log
 
     if not steps_of_log(settings).approximates_in_reuse:
         return None                         # the same exact runner under reuse mode's name

@@ -30,17 +30,24 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
+from ..attention import RowRecorder
 from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
 from ..haystack.contexts import ContextExample, ContextSet, DocumentPrompt, document_prompt, read_contexts
 from ..haystack.needles import Needle
+from ..models.cache_argument import with_cache
 from ..models.identity import ModelIdentity
 from ..profile import Profile, reduce_groups
 from .aggregate import exact_head_means, require_field, require_numbers
 from .bootstrap import BootstrapSettings, interval_block, top_k_jaccard
-from .early_stop import StopRule
+from .early_stop import StopRule, run_until_stable
+from .fast_mode import build_batch, prompt_step, run_variant
+from .layer_scores import AnswerSpans, zero_totals
 from .log_settings import portable_file_name, shard_setting
 from .pass_steps import PassSteps, TrialGap
 from .probe_config import NeedleProbeConfig, NeedleScores
+from .prompt_cache import batch_cache, crop_cache, prefix_cache
+from .reference_mode import decode_scored_steps, eos_ids
+from .registry import probe_passes
 from .trial_grid import shard_samples
 from .trial_record import trial_gates
 
@@ -161,7 +168,6 @@ class ContextPass(PassSteps):
         if rule is None:
             chunk_runner(todo)
             return None
-        from .early_stop import run_until_stable
 
         order = list(run.plan.data.data.examples)
         random.Random(rule.order_seed).shuffle(order)
@@ -271,8 +277,6 @@ def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any]
 
 def context_probes() -> dict[str, str]:
     """Profile kind → pass name of every registered pass that reads a user's examples (``--contexts``)."""
-    from .registry import probe_passes
-
     return {kind: p.name for p in probe_passes() if getattr(p.implementation, "reads_contexts", False)
             for kind in p.kinds}
 
@@ -345,11 +349,6 @@ def _run_fast_batch(lm: LoadedModel, prompts: list[DocumentPrompt], members: lis
                     config: NeedleProbeConfig) -> tuple[list[list[int]], VariantResult]:
     """One batch of fast mode: the prompt forward, greedy decoding, and the decoded responses teacher-forced
     and scored. Returns each example's response tokens and the scores of their steps."""
-    from ..attention import RowRecorder
-    from .fast_mode import build_batch, prompt_step, run_variant
-    from .prompt_cache import batch_cache, prefix_cache
-    from .reference_mode import eos_ids
-
     identity, device = lm.identity, lm.device
     contexts = [p.context for p in prompts]
     shared = min(min(_common_prefix(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
@@ -386,9 +385,6 @@ def decode_batch(model: PreTrainedModel, batch: FastBatch, cache: Any, first_log
     list[list[int]]
         Each prompt's decoded tokens, without the end-of-sequence token.
     """
-    from ..models.cache_argument import with_cache
-    from .prompt_cache import crop_cache
-
     tokens = first_logp.argmax(dim=-1).tolist()
     responses: list[list[int]] = [[] for _ in range(batch.size)]
     live = [True] * batch.size
@@ -416,10 +412,10 @@ def run_reference_examples(lm: LoadedModel, data: ContextInput, examples: list[C
                            progress: Any) -> None:
     """Reference mode: each example by greedy decoding (``config.max_new_tokens`` steps or end of sequence),
     every step's rows scored, as the retrieval needle pass does."""
-    from transformers import DynamicCache
 
-    from .layer_scores import AnswerSpans, zero_totals
-    from .reference_mode import decode_scored_steps
+
+    # transformers loads here, on first use: importing this module costs torch only
+    from transformers import DynamicCache
 
     identity = lm.identity
     for example in examples:

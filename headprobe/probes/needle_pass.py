@@ -34,12 +34,16 @@ from .aggregate import (
     require_field,
     require_numbers,
 )
+from .early_stop import run_until_stable
 from .gates import choose_gate
 from .log_settings import portable_file_name, shard_setting
 from .modes import MODES
 from .pass_steps import PassSteps, TrialGap
 from .probe_config import NeedleProbeConfig, NeedleScores
+from .prompt_cache import HaystackCaches
+from .selective_prefill import check_reuse_model
 from .trial_grid import TrialSpec, make_grid, shard_trials
+from .trial_order import spread_order
 
 if TYPE_CHECKING:
     from ..files.trial_log import TrialLog
@@ -107,8 +111,6 @@ class NeedlePass(PassSteps):
         haystack."""
         request, grid, data = context.request, context.grid, plan.data
         if request.mode == "reuse":
-            from .selective_prefill import check_reuse_model
-
             check_reuse_model(lm.model)
         check_grid(lm, grid, request.chat_template, self.needle_kind, list(data.needles), data.haystack)
         gate = choose_gate(request.gate, lm) if self.takes_gate else None
@@ -144,9 +146,6 @@ class NeedlePass(PassSteps):
         if request.until_stable is None:
             runner(lm, haystacks, by_id, todo, config, log.append, progress)
             return None
-        from .early_stop import run_until_stable
-        from .prompt_cache import HaystackCaches
-        from .trial_order import spread_order
 
         caches = HaystackCaches(keep=len(run.context.grid.lengths) * len(request.seeds))
         rule = request.until_stable

@@ -29,6 +29,7 @@ from .outputs import ProfileOutputs, log_path, profile_made_by_log, profile_path
 from .pass_steps import PassPlan, PassRun, RunContext
 from .registry import passes_for
 from .request import ProfileRequest, check_request, is_set
+from .selective_prefill import check_reuse_model
 from .trial_grid import Grid, resolve_grid
 
 if TYPE_CHECKING:
@@ -95,8 +96,6 @@ class ProfilePlan:
         runs_reuse = (all("reuse" in p.probe_pass.implementation.modes for p in self.passes)
                       and any(p.probe_pass.implementation.approximates_in_reuse for p in self.passes))
         if runs_reuse:
-            from .selective_prefill import check_reuse_model
-
             try:
                 check_reuse_model(lm.model)
             except HeadprobeError:

@@ -23,6 +23,7 @@ def prefix_cache(model, prefix_ids: list[int], device: torch.device):
     Sliding-window layers keep all positions too (a plain :class:`~transformers.DynamicCache`), so any
     shorter prefix of it can be reused. An empty prefix gives an empty cache.
     """
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 
     cache = DynamicCache()
@@ -44,6 +45,7 @@ def batch_cache(base, prefix: int, batch: int):
     batch
         Sequences of the new cache: each layer holds ``[batch, kv_heads, prefix, head_dim]``.
     """
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 
     cache = DynamicCache()

@@ -107,6 +107,7 @@ def query_focus_record(lm: LoadedModel, data: ContextInput, example: ContextExam
                        null_query: str) -> dict[str, Any]:
     """One example's log record: ``scores.query_focus[layer][query_head]`` (signed), the evidence span and
     the query tokens."""
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 
     began = time.perf_counter()

@@ -48,6 +48,7 @@ def eos_ids(lm: LoadedModel) -> set[int]:
 def run_reference_trial(lm: LoadedModel, haystack: Haystack, needle: Needle, spec: TrialSpec,
                         config: NeedleProbeConfig) -> dict[str, Any]:
     """Run one trial by greedy decoding; return its log record."""
+    # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 
     start = time.perf_counter()

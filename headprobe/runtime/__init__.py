@@ -4,7 +4,7 @@ from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
 from .cache import CompressedCache
 from .cache_attention import headprobe_attention
 from .generate import GenerationResult, generate_compressed, make_policy, parse_policy_options
-from .kernels.dispatch import set_backend as set_kernel_backend
+from .kernels.dispatch import set_kernel_backend
 from .policies import POLICIES, LayerContext, Policy, Rebalance, ScorerPolicy
 from .settings_batch import CacheSetting, SettingGeneration, generate_settings
 from .shape import CacheShape

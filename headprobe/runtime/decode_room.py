@@ -12,12 +12,8 @@ early leaves little unused room, and a long one re-lays a layer out only a logar
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
-
-if TYPE_CHECKING:                  # explain reads the host half of this module without torch
-    import torch
+import torch
 
 #: Decode rows a head that dropped (almost) nothing of the prompt gets at prefill, and the least a full
 #: head regrows by.
@@ -42,8 +38,6 @@ def decode_room(asked: torch.Tensor, kept: torch.Tensor, prompt_lengths: torch.T
     max_new_tokens
         Tokens the generation may add.
     """
-    import torch
-
     seen = prompt_lengths.repeat_interleave(kv_heads)
     room = first_room(asked.cpu().numpy(), kept.cpu().numpy(), seen.cpu().numpy(), max_new_tokens)
     return torch.as_tensor(room, dtype=kept.dtype, device=kept.device)

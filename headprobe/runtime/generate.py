@@ -21,7 +21,7 @@ from .cache import CompressedCache
 from .cache_attention import headprobe_attention
 from .policies import POLICIES, Policy, SlidingWindow
 from .shape import CacheShape
-from .split_budget import SplitBudget, is_split_map, load_split_or_map
+from .split_budget import SplitBudget, is_split_map, load_budget_file
 
 if TYPE_CHECKING:
     from ..models.loading import ModelLike
@@ -110,7 +110,7 @@ def as_budget_source(budget: BudgetSource | BudgetMap | str | int | None, ratio:
     if isinstance(budget, BudgetSource):
         return budget
     if isinstance(budget, (str,)) or hasattr(budget, "__fspath__"):
-        budget = load_split_or_map(budget)
+        budget = load_budget_file(budget)
     if is_split_map(budget) or isinstance(budget, LayerSplit):      # an engine's layer split: its windows as they are
         if capacity is not None:
             raise HeadprobeError(f"a layer split keeps its own windows; give no {param('capacity')}")

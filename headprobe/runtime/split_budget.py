@@ -73,7 +73,7 @@ def is_split_map(budget: object) -> bool:
     return isinstance(budget, BudgetMap) and isinstance(budget.method.get("layer_split"), dict)
 
 
-def load_split_or_map(path: str | Path) -> LayerSplit | BudgetMap:
+def load_budget_file(path: str | Path) -> LayerSplit | BudgetMap:
     """A layer-split file (``headprobe.layer_split``) or a budget map, by the file's ``format``."""
     obj = read_json(path)
     if isinstance(obj, dict) and obj.get("format") == SPLIT_FORMAT:
@@ -81,4 +81,4 @@ def load_split_or_map(path: str | Path) -> LayerSplit | BudgetMap:
     return BudgetMap.load(path)
 
 
-__all__ = ("WHOLE", "SplitBudget", "is_split_map", "load_split_or_map")
+__all__ = ("WHOLE", "SplitBudget", "is_split_map", "load_budget_file")

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from .decode_room import growth
 from .kernels.dispatch import RaggedBuffers, compact, ragged_attention
 
 
@@ -482,8 +483,6 @@ class LayerStore:
 
     def ensure_room(self, extra: int) -> None:
         """Make room for ``extra`` more tokens in every segment (re-layout when some segment is full)."""
-        from .decode_room import growth
-
         room = self._host_capacity - self._host_lengths
         short = room < extra
         if self._frozen is not None:                # a finished row takes nothing more

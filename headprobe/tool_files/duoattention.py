@@ -41,8 +41,9 @@ from ..files.overwrite import check_overwrite
 from ..head_ranking import rank_order
 from ..limits import check_count
 from ..models.identity import ModelIdentity
+from ..models.registry import MODELS
 from ..profile import Profile, kv_head_scores
-from .known import check_import_index, import_identity
+from .known import FILE_NAMES, check_import_index, import_identity
 from .layer_list import check_budgets_keep_window
 
 TSV_NAME = "full_attention_heads.tsv"
@@ -125,15 +126,12 @@ def read_duoattention(folder: str | Path, model: str | ModelIdentity | None = No
 
 
 def _names() -> set[str]:
-    from .known import FILE_NAMES
     return set(FILE_NAMES)
 
 
 def _known_model(name: str) -> str | None:
     """The alias of a headprobe model whose id (or alias) is ``name`` (``config.json``'s ``model_name``, as
     headprobe's own export writes it), else ``None`` (the name is then read as a published file name)."""
-    from ..models.registry import MODELS
-
     if name in MODELS:
         return name
     return next((alias for alias, spec in MODELS.items() if spec.hf_id == name), None)

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import HeadprobeError, param
+from ..errors import FileFormatError, HeadprobeError, param
 from ..models.identity import ModelIdentity
+from ..models.loading import model_identity, resolve_model
 from ..models.registry import MODELS
 
 #: Shapes of the models published score files are made for: HF id → (architecture, layers, heads,
@@ -44,8 +45,6 @@ MAX_IMPORT_INDEX = 1024
 
 def check_import_index(path: Path, field: str, layer: int, head: int) -> None:
     """Refuse a layer or head index of :data:`MAX_IMPORT_INDEX` or more, naming the field."""
-    from ..errors import FileFormatError
-
     if layer >= MAX_IMPORT_INDEX or head >= MAX_IMPORT_INDEX:
         raise FileFormatError(path, field, f"layer {layer}, head {head}: expected indices below {MAX_IMPORT_INDEX} "
                               "(no model has that many layers or heads)")
@@ -108,8 +107,6 @@ def identity_for_model(model: str) -> ModelIdentity | None:
         An unknown alias, a missing folder or one without a config, an alias whose PyPI package is not
         installed, a config transformers cannot read: what is wrong, not a guess about the network.
     """
-    from ..models.loading import model_identity, resolve_model
-
     hf_id = MODELS[model].hf_id if model in MODELS else model
     resolved = resolve_model(model)
     if hf_id in KNOWN_SHAPES and not (model in MODELS and MODELS[model].gguf_package):

@@ -1,7 +1,7 @@
 """A tune's candidates checked against the model: why a setting cannot run (its budget resolved as its eval
 runs would resolve it), the profiles found for the model, each prompt's question window, and the pool that
 keeps all of it so that each candidate is made once and each budget resolved once per tune
-(:class:`CandidatePool`, made before the model loads by :func:`~headprobe.tune.space_check.check_space`).
+(:class:`CandidatePool`, made before the model loads by :func:`~headprobe.tune.space_check.check_tune_space`).
 """
 
 from __future__ import annotations
@@ -12,7 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..allocation.api import find_profiles
 from ..errors import HeadprobeError
+from ..eval.runner import EvalRequest, GridPrompts, resolve_budgets
 from ..eval.settings import EvalSetting
 from ..profile_kinds import HEAD_SCORE_KINDS, KindNames
 from .space import UNIFORM, allocations, candidate, dedupe, preset_seeds, selections
@@ -29,8 +31,6 @@ def setting_problem(lm: HasIdentity, setting: EvalSetting, task: TuneTask, profi
     """Why ``setting`` cannot run on this model and task (``None`` when it can): its budget does not resolve
     (a missing profile, a capacity no larger than its window) or a question window does not fit. The budget
     resolved for the check is kept in ``resolved`` (by label), so the trials do not resolve it again."""
-    from ..eval.runner import resolve_budgets  # eval's runner loads torch; the check before the load does not
-
     try:
         setting.check_policy()
         budgets = resolve_budgets(lm, [setting], profile_dirs)
@@ -54,7 +54,6 @@ def question_windows(lm: LoadedModel, task: TuneTask) -> dict[str, int]:
     prompt at the first length and depth; empty for a dataset."""
     if task.kind in ("dataset", "ruler"):
         return {}
-    from ..eval.runner import EvalRequest, GridPrompts  # loads torch: only once the model is loaded
 
     request = EvalRequest([], task.items, list(task.lengths), list(task.depths), task.haystack, {})
     prompts = GridPrompts(lm, request)
@@ -62,12 +61,10 @@ def question_windows(lm: LoadedModel, task: TuneTask) -> dict[str, int]:
     return {i.id: prompts(i, task.lengths[0], task.depths[0]).question_window for i in task.items}
 
 
-def found_profiles(identity: ModelIdentity, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
+def tune_profiles(identity: ModelIdentity, profile_dirs: list[Path] | None = None) -> dict[str, Any]:
     """The newest profile of each kind the search space's allocations read (head scores of
     :data:`~headprobe.profile_kinds.HEAD_SCORE_KINDS`, then layer retention) that exists for the model
     ``identity``."""
-    from ..allocation.api import find_profiles
-
     out = {}
     for kind in (*HEAD_SCORE_KINDS, *KindNames("layer_retention")):
         found = find_profiles(identity, kind, profile_dirs)
@@ -79,7 +76,7 @@ def found_profiles(identity: ModelIdentity, profile_dirs: list[Path] | None = No
 @dataclass
 class CandidatePool:
     """A tune's candidates and what was found about them, each made once: the check before the model loads
-    (:func:`~headprobe.tune.space_check.check_space`) makes them, the run (:func:`~headprobe.tune.runner.run_tune`) takes them and adds
+    (:func:`~headprobe.tune.space_check.check_tune_space`) makes them, the run (:func:`~headprobe.tune.runner.run_tune`) takes them and adds
     its own.
 
     A budget resolves from the model's shape and the profiles alone
@@ -95,7 +92,7 @@ class CandidatePool:
     profile_dirs
         The profile folders budgets resolve from (``None``: the default ones).
     profiles
-        The profiles found for the model, by kind (:func:`found_profiles`).
+        The profiles found for the model, by kind (:func:`tune_profiles`).
     problems
         Label → why the setting cannot run (``None``: it can), checked once (a setting whose window is the
         question only once the prompts are known).
@@ -158,4 +155,4 @@ class CandidatePool:
         return self.problems[setting.label]
 
 
-__all__ = ("CandidatePool", "found_profiles", "question_windows", "setting_problem")
+__all__ = ("CandidatePool", "question_windows", "setting_problem", "tune_profiles")

@@ -14,7 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import torch
+
+from ..allocation.api import allocate
 from ..errors import HeadprobeError, param
+from ..explain.engines.headprobe_runtime import runtime_allocation
+from ..explain.explanation import Explanation
+from ..explain.setting import Setting
 from ..models.identity import ModelIdentity
 
 _UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
@@ -85,10 +91,6 @@ class MemoryTarget:
 
 def _uniform_bytes(identity: ModelIdentity, capacity: int, setting: Any) -> tuple[int, Any]:
     """(bytes at prefill, the explanation) of a uniform cache of ``capacity`` tokens per KV head."""
-    from ..allocation.api import allocate
-    from ..explain.engines.headprobe_runtime import runtime_allocation
-    from ..explain.explanation import Explanation
-
     bm = allocate("uniform", [], identity, capacity=capacity, window=0)
     runtime = runtime_allocation(bm, identity, setting, "snapkv", {"window": 1})
     if not runtime.runs:
@@ -127,8 +129,6 @@ def capacity_for(target: MemoryTarget, identity: ModelIdentity) -> tuple[int, di
         A context beyond the model's, a target below what one token per head allocates, or above a full
         cache at the context.
     """
-    from ..explain.setting import Setting
-
     check_context(target, identity)
 
     setting = Setting(target.context, target.batch, target.dtype, target.max_new_tokens)
@@ -160,7 +160,6 @@ def cache_dtype(dtype: str, device: str | None) -> str:
     """The cache's element type for ``--dtype`` and ``--device`` (``auto``: bfloat16 on a GPU, else float32)."""
     if dtype != "auto":
         return dtype
-    import torch
 
     on_gpu = torch.cuda.is_available() and (device is None or not str(device).startswith("cpu"))
     return "bfloat16" if on_gpu else "float32"

@@ -11,18 +11,28 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
+from dataclasses import fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import HeadprobeError
+from .. import __version__
+from ..allocation.api import allocate
+from ..allocation.options import format_option_value
+from ..budget_map import BudgetMap
+from ..errors import HeadprobeError, param
 from ..eval.presets import PUBLISHED, QUESTION_WINDOW
+from ..eval.runner import resolve_budget
 from ..eval.settings import EvalSetting
-from ..files.jsonio import atomic_write_json, read_headprobe_file
+from ..files.jsonio import atomic_write_json, check_writable_dir, read_headprobe_file
+from ..files.overwrite import check_overwrite
+from ..runtime import POLICIES
 from .halving import bootstrap_means, interval, mean_interval
 from .runner import TuneOutcome
 from .space import searched_policy_options
+from .takeover import staging_dir
+from .trial_runs import runs_dir
 
 if TYPE_CHECKING:
     from ..models.loading import LoadedModel
@@ -61,12 +71,6 @@ def check_tune_outputs(out: str | Path, capacities: Sequence[int], figure: str |
     HeadprobeError
         Naming the file and the flag that allows it.
     """
-    from ..errors import param
-    from ..files.jsonio import check_writable_dir
-    from ..files.overwrite import check_overwrite
-    from .takeover import staging_dir
-    from .trial_runs import runs_dir
-
     out = Path(out)
     check_writable_dir(out.parent if str(out.parent) else Path("."))
     for cap in capacities:            # the setting string names the map: the settings grammar must carry its path
@@ -189,10 +193,6 @@ def chosen_map(lm: LoadedModel, setting: EvalSetting, window: int, profile_dirs:
                report: str | Path) -> Any:
     """The chosen setting's budget map, allocated for ``window``, recording how it runs
     (``method.run_with``) and where it came from (``method.tune``)."""
-    from ..allocation.api import allocate
-    from ..budget_map import BudgetMap
-    from ..eval.runner import resolve_budget
-
     budget = resolve_budget(lm, setting, profile_dirs, window)
     bm = budget if isinstance(budget, BudgetMap) else allocate("uniform", [], lm.identity,
                                                                 capacity=int(setting.capacity), window=window)
@@ -213,8 +213,6 @@ def map_setting_string(setting: EvalSetting, path: str | Path) -> str:
         A path the settings grammar cannot carry (``[``, ``]``, ``,``, ``@`` or ``:`` in it), or a string
         that does not read back to the chosen setting's policy and options.
     """
-    from ..allocation.options import format_option_value
-
     text = str(path)
     if any(ch in text for ch in "[],@:"):
         raise HeadprobeError(f"{text}: a setting cannot name a file whose path holds [ ] , @ or :; write the report "
@@ -227,9 +225,7 @@ def map_setting_string(setting: EvalSetting, path: str | Path) -> str:
 
 def _filled(setting: EvalSetting) -> dict[str, Any]:
     """A setting's policy options with the policy's defaults filled in."""
-    from dataclasses import fields
 
-    from ..runtime import POLICIES
 
     return {**{f.name: f.default for f in fields(POLICIES[setting.policy])}, **setting.options}
 
@@ -237,8 +233,6 @@ def _filled(setting: EvalSetting) -> dict[str, Any]:
 def build_report(outcome: TuneOutcome, lm: LoadedModel, files: dict[str, str], strings: dict[int, str],
                  resumed: bool) -> dict[str, Any]:
     """The report's JSON (see the module docstring)."""
-    from .. import __version__
-
     req = outcome.request
     calibration = set(req.split.calibration)
     capacities = []
@@ -296,7 +290,7 @@ def _stage_cost(outcome: TuneOutcome) -> dict[str, dict[str, Any]]:
     return spent
 
 
-def write_outputs(lm: LoadedModel, outcome: TuneOutcome, out: str | Path, figure: str | Path | None = None,
+def write_tune_outputs(lm: LoadedModel, outcome: TuneOutcome, out: str | Path, figure: str | Path | None = None,
                   resumed: bool = False, replace: bool = False) -> dict[str, Any]:
     """Write the budget maps, the report and its figure (rank 0); returns the report.
 
@@ -327,6 +321,7 @@ def write_outputs(lm: LoadedModel, outcome: TuneOutcome, out: str | Path, figure
     report = build_report(outcome, lm, files, strings, resumed)
     atomic_write_json(out, report, overwrite=replace)
     if figure is not None:
+        # matplotlib loads only when the report draws its figures
         from ..plots.profile_figures import save_figure
         from .figure import tune_figure
 
@@ -334,12 +329,12 @@ def write_outputs(lm: LoadedModel, outcome: TuneOutcome, out: str | Path, figure
     return report
 
 
-def load_report(path: str | Path) -> dict[str, Any]:
+def load_tune_report(path: str | Path) -> dict[str, Any]:
     """Read a tune report (format and version checked)."""
     return read_headprobe_file(path, TUNE_FORMAT, TUNE_VERSION)
 
 
-def format_report(report: dict[str, Any]) -> str:
+def format_tune_report(report: dict[str, Any]) -> str:
     """A short text table per capacity: the chosen setting and the presets on the held-out items."""
     lines = []
     for cap in report["capacities"]:
@@ -369,5 +364,5 @@ def format_report(report: dict[str, Any]) -> str:
 
 
 __all__ = ("TUNE_FORMAT", "TUNE_VERSION", "build_report", "check_tune_outputs", "chosen_map", "chosen_window",
-           "figure_path", "format_report", "load_report", "map_path", "map_setting_string", "output_files",
-           "write_outputs")
+           "figure_path", "format_tune_report", "load_tune_report", "map_path", "map_setting_string", "output_files",
+           "write_tune_outputs")

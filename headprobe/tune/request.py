@@ -12,8 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError
-from ..eval.presets import PRESETS
+from ..eval.babi import generate_questions
+from ..eval.items import items_from_babi, items_from_needles
+from ..eval.presets import EVAL_PRESETS
+from ..eval.ruler_data import load_ruler_dir
+from ..eval.ruler_generate import generate_ruler
+from ..eval.ruler_task import RulerTask
 from ..eval.settings import SettingSpec, parse_settings, parse_spec
+from ..haystack.needles import load_needles, needle_set_record
+from ..probes.log_settings import portable_file_name
 from .halving import HalvingRule
 from .space import SearchSpace
 from .split import Split
@@ -41,7 +48,7 @@ class TuneTask:
         How a dataset's examples are prompted and scored (``None``: LongBench QA;
         :class:`~headprobe.eval.ruler_task.RulerTask` for RULER).
     generation
-        RULER: the calibration and held-out :class:`~headprobe.eval.ruler_generate.GenerationRequest`, whose
+        RULER: the calibration and held-out :class:`~headprobe.eval.ruler_generate.RulerGeneration`, whose
         samples :meth:`generate` makes once the tokenizer is loaded (``examples`` is ``None`` until then).
     """
 
@@ -63,10 +70,6 @@ class TuneTask:
         The description names the needle file portably (a shipped file by its place among the shipped
         haystacks, with its fingerprint), so a run resumes from its logs wherever the files lie.
         """
-        from ..eval.items import items_from_needles
-        from ..haystack.needles import load_needles, needle_set_record
-        from ..probes.log_settings import portable_file_name
-
         needles = load_needles(path, list(ids) if ids else None)
         description = {"kind": "needle", "needles": needle_set_record([Path(path)], needles, portable_file_name),
                        **_haystack_record(haystack)}
@@ -77,9 +80,6 @@ class TuneTask:
     def babi(cls, count: int, tasks: Sequence[str], seed: int, lengths: Sequence[int], depths: Sequence[float],
              haystack: Any) -> TuneTask:
         """bAbI-style questions (:func:`~headprobe.eval.babi.generate_questions`) over a length × depth grid."""
-        from ..eval.babi import generate_questions
-        from ..eval.items import items_from_babi
-
         items = items_from_babi(generate_questions(count, list(tasks), seed))
         description = {"kind": "babi", "count": count, "tasks": list(tasks), "seed": seed,
                        **_haystack_record(haystack)}
@@ -94,10 +94,8 @@ class TuneTask:
     def ruler(cls, calibration: Any, holdout: Any, max_new_tokens: int | None = None) -> TuneTask:
         """RULER's samples made by its own generator for the model's tokenizer: the calibration items from
         ``calibration``, the held-out ones from ``holdout`` (two
-        :class:`~headprobe.eval.ruler_generate.GenerationRequest` that differ in their seed), so the held-out
+        :class:`~headprobe.eval.ruler_generate.RulerGeneration` that differ in their seed), so the held-out
         report is on samples the search never saw. Item ids are ``s<seed>/TASK/LENGTH/INDEX``."""
-        from ..eval.ruler_task import RulerTask
-
         if calibration.seed == holdout.seed:
             raise HeadprobeError(f"RULER tune: the held-out samples need another seed than the calibration's "
                                  f"({calibration.seed})")
@@ -122,13 +120,11 @@ class TuneTask:
         """
         if self.generation is None or self.examples is not None:
             return
-        from ..eval.ruler_data import load_ruler_dir
-        from ..eval.ruler_generate import generate
 
         examples = []
         for request in self.generation:
             with tempfile.TemporaryDirectory(prefix="headprobe-ruler-") as folder:
-                generate(request, tokenizer, folder)
+                generate_ruler(request, tokenizer, folder)
                 examples += [replace(ex, id=f"s{request.seed}/{ex.id}")
                              for ex in load_ruler_dir(folder, list(request.tasks))]
         wanted = [i for r in self.generation for i in self.ruler_ids(r)]
@@ -188,7 +184,7 @@ class TuneRequest:
     split: Split
     task: TuneTask
     rule: HalvingRule = field(default_factory=HalvingRule)
-    presets: list[SettingSpec] = field(default_factory=lambda: parse_settings(list(PRESETS)))
+    presets: list[SettingSpec] = field(default_factory=lambda: parse_settings(list(EVAL_PRESETS)))
     max_new_tokens: int = 24
     chat_template: bool = True
     share_prefill: bool = True

@@ -26,10 +26,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..distributed.ranks import Ranks
 from ..errors import HeadprobeError
 from ..eval.presets import QUESTION_WINDOW
 from ..eval.settings import EvalSetting, expand_specs
-from .candidates import CandidatePool, found_profiles, question_windows, setting_problem
+from .candidates import CandidatePool, question_windows, setting_problem, tune_profiles
 from .plan import TrialPlan, plan_trials
 from .races import Race, allocation_race, checked_settings, ensure_trials, run_races, selection_race
 from .request import TuneRequest, TuneTask
@@ -91,7 +92,7 @@ def run_tune(lm: LoadedModel, request: TuneRequest, out: str | Path, ranks: Any 
              candidates: CandidatePool | None = None) -> TuneOutcome:
     """Search the space on the calibration items, then evaluate the chosen settings and the presets on the
     held-out ones. Writes the eval runs into :func:`runs_dir` of ``out`` (the report is written by
-    :func:`headprobe.tune.report.write_outputs`).
+    :func:`headprobe.tune.report.write_tune_outputs`).
 
     Parameters
     ----------
@@ -108,7 +109,7 @@ def run_tune(lm: LoadedModel, request: TuneRequest, out: str | Path, ranks: Any 
     progress
         ``progress(description, total)`` → a callable advanced by finished trials.
     candidates
-        What :func:`~headprobe.tune.space_check.check_space` made before the model loaded: its candidates,
+        What :func:`~headprobe.tune.space_check.check_tune_space` made before the model loaded: its candidates,
         their problems and budgets are taken, not made again, when it was made for a model of this identity,
         this space and these profile folders (otherwise, and without it, the run makes its own).
 
@@ -118,8 +119,6 @@ def run_tune(lm: LoadedModel, request: TuneRequest, out: str | Path, ranks: Any 
         ``resume`` and ``force`` together, no candidate can run at a capacity, lengths the model or haystack
         cannot hold, or an eval run's refusal (a log made with other settings, held by another run, ...).
     """
-    from ..distributed.ranks import Ranks
-
     if resume and force:
         raise HeadprobeError("resume and force: a run either continues its logs (resume) or replaces them "
                              "(force), not both")
@@ -152,7 +151,7 @@ def _pool(lm: LoadedModel, request: TuneRequest, given: CandidatePool | None) ->
     if given is not None and given.serves(lm, request.space, request.profile_dirs):
         return given
     return CandidatePool(lm.identity, request.space, request.profile_dirs,
-                         found_profiles(lm.identity, request.profile_dirs))
+                         tune_profiles(lm.identity, request.profile_dirs))
 
 
 def _held_out(runs: TuneRuns, chosen: dict[int, EvalSetting],
@@ -171,5 +170,17 @@ def _held_out(runs: TuneRuns, chosen: dict[int, EvalSetting],
     return holdout, holdout_skipped, held_as
 
 
-__all__ = ("QUESTION_WINDOW", "Race", "TrialStore", "TuneOutcome", "TuneRequest", "TuneRuns", "TuneTask",
-           "found_profiles", "question_windows", "run_tune", "runs_dir", "setting_problem")
+__all__ = (
+    "QUESTION_WINDOW",
+    "Race",
+    "TrialStore",
+    "TuneOutcome",
+    "TuneRequest",
+    "TuneRuns",
+    "TuneTask",
+    "question_windows",
+    "run_tune",
+    "runs_dir",
+    "setting_problem",
+    "tune_profiles",
+)

@@ -25,11 +25,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from ..allocation.allocator import NEEDS
 from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
-from ..eval.presets import PRESETS, QUESTION_WINDOW
+from ..eval.presets import EVAL_PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, SettingSpec, expand_specs, make_setting, parse_spec
 from ..profile_kinds import HEAD_SCORE_KINDS
+from ..runtime import POLICIES, make_policy
 
 #: The policy options ``headprobe tune`` searches, and the values it tries (each where the policy declares
 #: it): the observation window (HeadKV's 8, SnapKV's 32, the question of each prompt), the pooling kernel
@@ -39,8 +41,6 @@ POLICY_SEARCH: dict[str, tuple[Any, ...]] = {"window": (8, 32, QUESTION_WINDOW),
 
 def budget_policies() -> tuple[str, ...]:
     """The policies that read a budget (and so can run a budget map), in registry order."""
-    from ..runtime import POLICIES
-
     return tuple(name for name, cls in POLICIES.items() if cls.uses_budgets)
 
 
@@ -48,8 +48,6 @@ def default_policies() -> tuple[str, ...]:
     """The policies searched by default: those that read a budget and prefill with plain attention (one
     recorded prompt forward serves them all; KeyDiff's block-wise prefill runs alone, so it is searched
     only when named)."""
-    from ..runtime import POLICIES
-
     return tuple(name for name in budget_policies() if POLICIES[name].full_prefill)
 
 
@@ -101,7 +99,7 @@ class Allocation:
 UNIFORM = Allocation("uniform")
 
 
-def parse_values(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
+def parse_tune_values(items: Sequence[str]) -> dict[str, tuple[Any, ...]]:
     """``["window=8,32,question", "beta=1.01,1.2"]`` → ``{"window": (8, 32, "question"), ...}``: ints,
     floats, ``true``/``false``, ``none`` (an option's unset value), else text.
 
@@ -184,8 +182,6 @@ class SearchSpace:
         HeadprobeError
             Naming the parameter and what was expected.
         """
-        from ..runtime import POLICIES
-
         allowed = budget_policies()
         for p in self.policies:
             if p not in allowed:
@@ -211,8 +207,6 @@ class SearchSpace:
                 self._check_value(key, value)
 
     def _check_value(self, key: str, value: Any) -> None:
-        from ..runtime import make_policy
-
         for p in self.policies:
             if key in searched_policy_options(p):
                 if key == "window" and value == QUESTION_WINDOW:
@@ -235,7 +229,7 @@ class SearchSpace:
         every capacity (:func:`preset_seeds`)."""
         kinds = self.head_kinds or HEAD_SCORE_KINDS
         out = []
-        for name, (policy, alloc, profiles, _options) in PRESETS.items():
+        for name, (policy, alloc, profiles, _options) in EVAL_PRESETS.items():
             if policy == "full" or policy not in self.policies or (alloc or "uniform") not in self.allocations:
                 continue
             if any(p in HEAD_SCORE_KINDS and p not in kinds for p in profiles):
@@ -250,8 +244,6 @@ class SearchSpace:
 
 def searched_policy_options(policy: str) -> tuple[str, ...]:
     """The options of :data:`POLICY_SEARCH` that ``policy`` declares (the window only where it observes)."""
-    from ..runtime import POLICIES
-
     cls = POLICIES[policy]
     names = cls.option_names()
     return tuple(k for k in POLICY_SEARCH if k in names and (k != "window" or cls.observes_window))
@@ -277,8 +269,6 @@ def allocations(space: SearchSpace, profiles: Mapping[str, Any]) -> list[Allocat
         Profile kind → the :class:`~headprobe.profile.Profile` found for the model (kinds not found are
         absent; an allocator that needs one of them is left out).
     """
-    from ..allocation.allocator import NEEDS
-
     out: list[Allocation] = []
     heads = [k for k in (space.head_kinds or HEAD_SCORE_KINDS) if k in profiles]
     for name in space.allocations:
@@ -297,8 +287,6 @@ def allocations(space: SearchSpace, profiles: Mapping[str, Any]) -> list[Allocat
 
 
 def _policy_defaults(policy: str) -> dict[str, Any]:
-    from ..runtime import POLICIES
-
     return {f.name: f.default for f in fields(POLICIES[policy])}
 
 
@@ -307,7 +295,7 @@ def candidate(selection: Selection, allocation: Allocation, capacity: int) -> Ev
     options = dict(selection.options)
     if allocation.method == "uniform":
         base = selection.policy             # the policy's preset: its own options are implied by its name
-        implied = dict(PRESETS[base][3]) if base in PRESETS and PRESETS[base][1] in (None, "uniform") else {}
+        implied = dict(EVAL_PRESETS[base][3]) if base in EVAL_PRESETS and EVAL_PRESETS[base][1] in (None, "uniform") else {}
     else:
         base = f"{selection.policy}:{allocation.method}" + (f":{','.join(allocation.profiles)}"
                                                            if allocation.profiles else "")
@@ -363,5 +351,5 @@ def dedupe(settings: Sequence[EvalSetting]) -> list[EvalSetting]:
 
 
 __all__ = ("POLICY_SEARCH", "UNIFORM", "Allocation", "SearchSpace", "Selection", "allocations",
-           "budget_policies", "candidate", "canonical", "count_candidates", "dedupe", "default_policies", "parse_values",
-           "preset_seeds", "searched_policy_options", "selection_of", "selections")
+           "budget_policies", "candidate", "canonical", "count_candidates", "dedupe", "default_policies",
+           "parse_tune_values", "preset_seeds", "searched_policy_options", "selection_of", "selections")

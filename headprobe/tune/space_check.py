@@ -19,9 +19,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..allocation.registry import ALLOCATORS
 from ..errors import HeadprobeError, param
 from ..eval.settings import EvalSetting
 from .candidates import CandidatePool
+from .space import UNIFORM, dedupe, selection_of
 
 if TYPE_CHECKING:
     from ..models.identity import HasIdentity, ModelIdentity
@@ -56,8 +58,6 @@ def _reasons(problems: Mapping[str, str | None]) -> str:
 def _allocation_probes(pool: CandidatePool, runnable: Sequence[EvalSetting], capacity: int) -> list[EvalSetting]:
     """Every allocation of the space (uniform aside) with each runnable selection of another window, and the
     preset candidates: what the allocation stage could race at ``capacity``."""
-    from .space import UNIFORM, dedupe, selection_of
-
     by_window: dict[Any, EvalSetting] = {}
     for s in runnable:
         by_window.setdefault(s.window(), s)
@@ -69,8 +69,6 @@ def _allocation_probes(pool: CandidatePool, runnable: Sequence[EvalSetting], cap
 def _check_values(space: Any, settings: Sequence[EvalSetting], problems: Mapping[str, str | None]) -> None:
     """Refuse a ``values`` entry of an allocation option that every candidate carrying it refuses, or that
     no candidate carries (its allocations need profiles the model has none of)."""
-    from ..allocation.registry import ALLOCATORS
-
     readers: dict[str, list[str]] = {}             # allocation option -> the searched allocations that read it
     for name in space.allocations:
         for info in ALLOCATORS[name].options.infos():
@@ -87,7 +85,7 @@ def _check_values(space: Any, settings: Sequence[EvalSetting], problems: Mapping
                 raise HeadprobeError(f"{param('values', f'{key}={value}')}: {problems[carrying[0].label]}")
 
 
-def check_space(lm: HasIdentity, request: Any, profiles: Mapping[str, Any],
+def check_tune_space(lm: HasIdentity, request: Any, profiles: Mapping[str, Any],
                 windows: Mapping[str, int] | None = None) -> CandidatePool:
     """Refuse a space that leaves nothing to race at a capacity, or a ``values`` entry nothing can run with;
     return the candidates made and what was found about them, for the run to take.
@@ -99,7 +97,7 @@ def check_space(lm: HasIdentity, request: Any, profiles: Mapping[str, Any],
     request
         The :class:`~headprobe.tune.request.TuneRequest`.
     profiles
-        The profiles found for the model (:func:`~headprobe.tune.candidates.found_profiles`).
+        The profiles found for the model (:func:`~headprobe.tune.candidates.tune_profiles`).
     windows
         Item → question window, once the prompts are known; ``None`` before (question-window settings then
         count as runnable).
@@ -135,4 +133,4 @@ def check_space(lm: HasIdentity, request: Any, profiles: Mapping[str, Any],
     return pool
 
 
-__all__ = ("ShapeOnly", "check_space")
+__all__ = ("ShapeOnly", "check_tune_space")

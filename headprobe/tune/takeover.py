@@ -15,6 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from ..errors import HeadprobeError
+from ..files.jsonio import read_json
+
 STAGING_SUFFIX = ".forced"
 
 
@@ -46,9 +49,6 @@ def start_folder(folder: Path, resume: bool, force: bool, is_main: bool) -> tupl
 
 def _listed_outputs(out: Path) -> list[Path]:
     """The report ``out`` and the files it lists (what the replaced run wrote), when it is a tune report."""
-    from ..errors import HeadprobeError
-    from ..files.jsonio import read_json
-
     try:
         report = read_json(out)
     except (HeadprobeError, OSError, ValueError):      # no report, or not one: nothing of the old run to remove

@@ -12,6 +12,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..distributed.eval_ranks import run_dataset_eval_on_ranks, run_eval_on_ranks
+from ..distributed.tune_ranks import share_from_main
+from ..eval.runner import EvalRequest
 from ..eval.settings import EvalSetting
 from .takeover import finish_staging, start_folder
 
@@ -123,10 +126,6 @@ class TuneRuns:
     def run(self, name: str, stage: str, settings: list[EvalSetting], ids: Sequence[str]) -> list[dict[str, Any]]:
         """Run ``settings`` on the items ``ids`` as one eval run ``<runs>/<name>.json``; every rank gets the
         merged cells."""
-        from ..distributed.eval_ranks import run_dataset_eval_on_ranks, run_eval_on_ranks
-        from ..distributed.tune_ranks import share_from_main
-        from ..eval.runner import EvalRequest
-
         req, task = self.request, self.request.task
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / f"{name}.json"

@@ -138,17 +138,17 @@ def test_an_eval_run_replaces_its_own_result_as_cells_finish(tiny_llama, tmp_pat
 
 
 def test_a_figure_written_meanwhile_is_refused(tmp_path, monkeypatch, capsys):
-    from headprobe.files import overwrite
+    from headprobe.plots import profile_figures
 
     target = tmp_path / "p.png"
-    real_check = overwrite.check_overwrite
+    real_check = profile_figures.check_overwrite
 
     def check_then_another_plot(path, force, hint=""):
         real_check(path, force, hint)
         Path(path).write_bytes(b"their figure")
         return Path(path)
 
-    monkeypatch.setattr(overwrite, "check_overwrite", check_then_another_plot)
+    monkeypatch.setattr(profile_figures, "check_overwrite", check_then_another_plot)   # the check save_figure makes
     profile = ROOT / "profiles" / "smollm2-135m.retrieval.json"
     assert main(["plot", str(profile), "-o", str(target)]) == 2
     assert "p.png exists; pass --force to overwrite it" in _one_error(capsys)

@@ -65,8 +65,8 @@ def _check_resolves(namespace, table: dict[str, dict[str, str]], eager: tuple[st
         module = importlib.import_module(f"headprobe.{module_name}")
         value = getattr(namespace, name)
         expected = getattr(module, attribute or name, None)
-        if expected is None:   # a submodule under a public name (probe_grid)
-            expected = importlib.import_module(f"{module.__name__}.{attribute}")
+        if expected is None:   # a submodule under its own name (trial_grid)
+            expected = importlib.import_module(f"{module.__name__}.{attribute or name}")
         assert value is expected, name
         if inspect.isclass(value) or inspect.isfunction(value):
             assert value.__module__ == module.__name__, f"{name} is defined in {value.__module__}, not {target}"

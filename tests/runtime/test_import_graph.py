@@ -136,3 +136,49 @@ def test_the_walk_finds_loops_through_function_level_imports(tmp_path):
     assert find_cycle(import_graph(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
     (pkg / "c.py").write_text("import pkg.a\n")
     assert find_cycle(import_graph(pkg)) == ["pkg.a", "pkg.sub.b", "pkg.c", "pkg.a"]
+
+
+def unexplained_local_imports(package_dir: Path) -> list[str]:
+    """``file:line`` of every import inside a function that does not say why it is not at the top: no
+    comment on its line or on the comment/import lines right above it (one comment covers a group), and
+    no enclosing ``try`` that handles its absence."""
+    found = []
+    for path in sorted(package_dir.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        lines, tree = text.splitlines(), ast.parse(text)
+        parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+        for fn in ast.walk(tree):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)):
+                    continue
+                row = node.lineno - 1
+                said = "#" in lines[row]
+                while not said and row > 0 and lines[row - 1].strip().startswith(("#", "from ", "import ")):
+                    row -= 1
+                    said = "#" in lines[row]
+                up = parents[node]
+                while not said and up is not fn:
+                    said = isinstance(up, ast.Try) and any(h.type is not None for h in up.handlers)
+                    up = parents[up]
+                if not said:
+                    found.append(f"{path.relative_to(package_dir.parent)}:{node.lineno}")
+    return list(dict.fromkeys(found))      # a nested function's import is walked twice
+
+
+def test_every_function_level_import_says_why_it_is_not_at_the_top():
+    """A plain import wherever import time allows; the rest keep a heavy or optional package (torch,
+    transformers, Triton, matplotlib, an extra) out of modules that commands import without it."""
+    assert unexplained_local_imports(Path(headprobe.__file__).parent) == []
+
+
+def test_the_local_import_check_finds_an_unexplained_import(tmp_path):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "a.py").write_text(
+        "def f():\n    import json\n\n"
+        "def g():\n    # numpy only when g runs\n    import numpy\n    from numpy import linalg\n\n"
+        "def h():\n    try:\n        import yaml\n    except ImportError:\n        return None\n\n"
+        "def k():\n    x = 1  # a comment above, but not on the import\n    import os\n")
+    assert unexplained_local_imports(pkg) == ["pkg/a.py:2", "pkg/a.py:17"]

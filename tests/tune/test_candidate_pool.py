@@ -11,8 +11,8 @@ from tune.synthetic_scores import install
 from tune.test_runner import tiny_request
 
 from headprobe.tune import run_tune
-from headprobe.tune.candidates import CandidatePool, found_profiles
-from headprobe.tune.space_check import ShapeOnly, check_space
+from headprobe.tune.candidates import CandidatePool, tune_profiles
+from headprobe.tune.space_check import ShapeOnly, check_tune_space
 
 torch.set_num_threads(1)
 
@@ -31,7 +31,7 @@ def test_the_run_takes_what_the_check_made_before_the_load(tiny_llama, tmp_path,
     monkeypatch.setattr(runner, "resolve_budget", counted)
     request = tiny_request(capacities=(16,))
     shape = ShapeOnly(replace(tiny_llama.identity))           # an equal identity, not the loaded model's own
-    pool = check_space(shape, request, found_profiles(shape.identity))
+    pool = check_tune_space(shape, request, tune_profiles(shape.identity))
     checked = set(pool.budgets)
     assert checked and pool.serves(tiny_llama, request.space, request.profile_dirs)
     before = Counter(resolved)

@@ -10,7 +10,7 @@ from tune.synthetic_scores import install
 from tune.test_runner import tiny_request
 
 import headprobe
-from headprobe.tune import run_tune, write_outputs
+from headprobe.tune import run_tune, write_tune_outputs
 from headprobe.tune.runner import runs_dir
 
 torch.set_num_threads(1)
@@ -39,7 +39,7 @@ def test_an_interrupted_forced_tune_leaves_the_old_outputs_or_its_own_and_resume
     install(monkeypatch)
     out = tmp_path / "tune.json"
     old = run_tune(tiny_llama, tiny_request(), out)
-    report = write_outputs(tiny_llama, old, out, out.with_suffix(".png"))
+    report = write_tune_outputs(tiny_llama, old, out, out.with_suffix(".png"))
     old_files = [out.parent / n for n in report["files"].values()]
     folder = runs_dir(out)
     before = _snapshot(folder)

@@ -13,7 +13,7 @@ from headprobe.tune import (
     TuneTask,
     run_tune,
     split_items,
-    write_outputs,
+    write_tune_outputs,
 )
 
 torch.set_num_threads(1)
@@ -32,7 +32,7 @@ def test_the_full_cache_is_held_out_when_the_presets_leave_it_out(tiny_llama, tm
     out = tmp_path / "tune.json"
     outcome = run_tune(tiny_llama, request, out)
     assert outcome.holdout_settings[0].label == "full"
-    report = write_outputs(tiny_llama, outcome, out, None)
+    report = write_tune_outputs(tiny_llama, outcome, out, None)
     rows = report["capacities"][0]["holdout"]
     assert [r["kind"] for r in rows if r["label"] == "full"] == ["full"]
     assert {r["label"] for r in rows} >= {"full", "snapkv@40"}

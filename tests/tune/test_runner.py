@@ -17,10 +17,10 @@ from headprobe.tune import (
     TuneTask,
     run_tune,
     split_items,
-    write_outputs,
+    write_tune_outputs,
 )
 from headprobe.tune.halving import rung_items
-from headprobe.tune.report import load_report
+from headprobe.tune.report import load_tune_report
 from headprobe.tune.runner import runs_dir
 
 torch.set_num_threads(1)
@@ -57,7 +57,7 @@ def tuned(tmp_path_factory):
         lm = make_tiny_llama()
         out = tmp_path_factory.mktemp("tuned") / "tune.json"
         outcome = run_tune(lm, tiny_request(), out)
-        report = write_outputs(lm, outcome, out, out.with_suffix(".png"))
+        report = write_tune_outputs(lm, outcome, out, out.with_suffix(".png"))
     finally:
         runner.run_trial = original
     return outcome, report, out, counter
@@ -151,7 +151,7 @@ def test_presets_that_cannot_run_are_left_out_with_their_reason(tuned):
 
 def test_the_outputs_run_in_eval_and_read_back(tuned, tiny_llama, tmp_path):
     outcome, report, out, _ = tuned
-    assert load_report(out)["format"] == "headprobe.tune"
+    assert load_tune_report(out)["format"] == "headprobe.tune"
     assert out.with_suffix(".png").stat().st_size > 1000
     for cap in report["capacities"]:
         chosen = cap["chosen"]
@@ -209,8 +209,8 @@ def test_an_interrupted_tune_resumes_without_redoing_a_trial(tiny_llama, tmp_pat
     resumed = run_tune(tiny_llama, tiny_request(), out, resume=True)
     assert first + counter["trials"] == full_count               # nothing finished was run again
     assert {c: s.label for c, s in resumed.chosen.items()} == {c: s.label for c, s in whole.chosen.items()}
-    a = write_outputs(tiny_llama, whole, tmp_path / "a" / "tune.json")
-    b = write_outputs(tiny_llama, resumed, out, resumed=True)
+    a = write_tune_outputs(tiny_llama, whole, tmp_path / "a" / "tune.json")
+    b = write_tune_outputs(tiny_llama, resumed, out, resumed=True)
     for ra, rb in zip(a["capacities"], b["capacities"]):
         def strip(c):
             return json.loads(json.dumps(c).replace(str(tmp_path / "a"), "X").replace(str(tmp_path / "b"), "X"))

@@ -18,7 +18,7 @@ from headprobe.tune.space import (
     canonical,
     count_candidates,
     dedupe,
-    parse_values,
+    parse_tune_values,
     preset_seeds,
     searched_policy_options,
     selections,
@@ -120,7 +120,7 @@ def test_candidate_counts(smollm2_profiles):
 
 
 def test_values_parse_as_setting_options_read_them():
-    assert parse_values(["window=8,32,question", "beta=1.01,1.2", "temperature=none,2", "adaptive=true"]) == {
+    assert parse_tune_values(["window=8,32,question", "beta=1.01,1.2", "temperature=none,2", "adaptive=true"]) == {
         "window": (8, 32, "question"), "beta": (1.01, 1.2), "temperature": (None, 2), "adaptive": (True,)}
 
 
@@ -131,7 +131,7 @@ def test_values_parse_as_setting_options_read_them():
 ])
 def test_bad_values_are_refused(items, message):
     with pytest.raises(HeadprobeError, match=message):
-        parse_values(items)
+        parse_tune_values(items)
 
 
 @pytest.mark.parametrize("space, message", [

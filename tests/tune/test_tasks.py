@@ -14,7 +14,7 @@ from headprobe.tune import (
     TuneTask,
     run_tune,
     split_items,
-    write_outputs,
+    write_tune_outputs,
 )
 
 torch.set_num_threads(1)
@@ -32,7 +32,7 @@ def test_a_dataset_task_searches_rows_and_holds_rows_out(tiny_llama, tmp_path):
     request = TuneRequest([16], SPACE, split_items(task.ids, holdout_ids=["q3"]), task, HalvingRule(resamples=200),
                           ["full", "snapkv[window=8]"], max_new_tokens=2, chat_template=False)
     outcome = run_tune(tiny_llama, request, tmp_path / "t.json")
-    report = write_outputs(tiny_llama, outcome, tmp_path / "t.json")
+    report = write_tune_outputs(tiny_llama, outcome, tmp_path / "t.json")
     cap = report["capacities"][0]
     skipped = {c["label"]: c for c in cap["candidates"] if c["status"] == "skipped"}
     assert "snapkv[window=question]@16" in skipped                 # a dataset prompt has no placed question
@@ -52,7 +52,7 @@ def test_a_babi_task_runs_its_questions_over_the_grid(tiny_llama, tmp_path):
     request = TuneRequest([16], SPACE, split, task, HalvingRule(resamples=200), ["full"], max_new_tokens=2,
                           chat_template=False)
     outcome = run_tune(tiny_llama, request, tmp_path / "t.json")
-    report = write_outputs(tiny_llama, outcome, tmp_path / "t.json")
+    report = write_tune_outputs(tiny_llama, outcome, tmp_path / "t.json")
     held = set(split.holdout)
     for cand in report["capacities"][0]["candidates"]:
         assert not {t["item"] for t in cand["trials"]} & held
@@ -78,10 +78,10 @@ def test_outputs_another_run_wrote_meanwhile_are_refused_not_replaced(tiny_llama
     outcome = run_tune(tiny_llama, request, out)
     out.write_text('{"another": "run"}')                       # written while this run worked
     try:
-        write_outputs(tiny_llama, outcome, out)
+        write_tune_outputs(tiny_llama, outcome, out)
     except headprobe.HeadprobeError as exc:
         assert "exists; pass force=True to overwrite it" in str(exc)
     else:
         raise AssertionError("the other run's report was replaced")
     assert json.loads(out.read_text()) == {"another": "run"}
-    assert write_outputs(tiny_llama, outcome, out, replace=True)["format"] == "headprobe.tune"   # --force / --resume
+    assert write_tune_outputs(tiny_llama, outcome, out, replace=True)["format"] == "headprobe.tune"   # --force / --resume

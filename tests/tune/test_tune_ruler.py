@@ -12,7 +12,7 @@ from headprobe_cli import cmd_tune
 from headprobe_cli.main import main
 
 from headprobe import HeadprobeError, TuneTask
-from headprobe.eval.ruler_generate import GenerationRequest
+from headprobe.eval.ruler_generate import RulerGeneration
 
 torch.set_num_threads(1)
 
@@ -22,8 +22,8 @@ needs_generator = pytest.mark.skipif(
 
 
 def test_calibration_and_held_out_samples_come_from_two_seeds():
-    cal = GenerationRequest(("niah_single_1", "vt"), (1024,), 2, 5)
-    task = TuneTask.ruler(cal, GenerationRequest(cal.tasks, cal.lengths, 2, 6))
+    cal = RulerGeneration(("niah_single_1", "vt"), (1024,), 2, 5)
+    task = TuneTask.ruler(cal, RulerGeneration(cal.tasks, cal.lengths, 2, 6))
     assert task.ids == ["s5/niah_single_1/1024/0", "s5/niah_single_1/1024/1", "s5/vt/1024/0", "s5/vt/1024/1",
                         "s6/niah_single_1/1024/0", "s6/niah_single_1/1024/1", "s6/vt/1024/0", "s6/vt/1024/1"]
     assert task.description["generated"]["seed"] == 5 and task.description["holdout_generated"]["seed"] == 6

@@ -22,7 +22,9 @@ Restated from FYYFU/HeadKV 0862a09 (nothing copied):
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from ...allocation.common import check_beta
 from ...errors import HeadprobeError, param
 from ...models.identity import ModelIdentity
 from ..setting import Setting
@@ -40,8 +42,6 @@ CITES = [f"{HEADKV} headkv/snapkv_utils.py:381-389", f"{HEADKV} headkv/snapkv_ut
 
 def check_engine_capacity(capacity: int, beta: float) -> None:
     """HeadKV's ``b = C − 8`` must leave tokens to choose, and ``β`` must be above 1."""
-    from ...allocation.common import check_beta
-
     check_beta(beta)
     if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity <= WINDOW:
         raise HeadprobeError(f"{param('capacity', capacity)}: HeadKV's --max_capacity_prompts must exceed its "
@@ -60,8 +60,6 @@ def headkv_capacities(scores: np.ndarray, capacity: int, beta: float, temp: floa
     temp
         ``--temp``: shares are raised to it (headprobe's ``temperature`` is ``1 / temp``).
     """
-    import torch
-
     check_engine_capacity(capacity, beta)
     s = np.asarray(scores, dtype=np.float64)
     layers, heads = s.shape

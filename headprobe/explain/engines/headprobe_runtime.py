@@ -28,11 +28,17 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import torch
 
 from ...budget_map import BudgetMap
 from ...errors import HeadprobeError
 from ...models.identity import ModelIdentity
+from ...runtime.budget_sources import MapBudget
 from ...runtime.decode_room import first_room, grown_capacity
+from ...runtime.generate import make_policy
+from ...runtime.policies.layer_window import layer_windows
+from ...runtime.shape import CacheShape
+from ...runtime.split_budget import SplitBudget, is_split_map
 from ..setting import Setting
 from .allocation import EngineAllocation
 
@@ -67,8 +73,6 @@ def generate_command(path: str, policy: str, options: dict[str, Any], capacity: 
 
 def runtime_policy(policy: str, options: dict[str, Any]) -> Any:
     """The runtime's policy object (options checked by the policy itself)."""
-    from ...runtime.generate import make_policy
-
     if policy not in RUNTIME_POLICIES:
         raise HeadprobeError(f"policy {policy!r}: explain models the runtime's {', '.join(RUNTIME_POLICIES[:-1])} and "
                              f"{RUNTIME_POLICIES[-1]} policies")
@@ -92,11 +96,7 @@ def resolved_budgets(bm: BudgetMap, model: ModelIdentity, context: int, policy: 
     ``context`` tokens for ``policy`` (a runtime policy or a :class:`MapWindow`): the runtime's function,
     called (for a map that carries a layer split and a runtime policy, :class:`~headprobe.runtime.split_budget.
     SplitBudget`'s, which takes no ``capacity``, as ``generate`` resolves it)."""
-    import torch
 
-    from ...runtime.budget_sources import MapBudget
-    from ...runtime.shape import CacheShape
-    from ...runtime.split_budget import SplitBudget, is_split_map
 
     if is_split_map(bm) and not isinstance(policy, MapWindow):
         if capacity is not None:
@@ -171,9 +171,7 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
 def _layer_window_refusal(budgets: np.ndarray, model: ModelIdentity, pol: Any) -> str | None:
     """What the runtime's ``layer_window`` refuses for these budgets (:func:`~headprobe.runtime.policies.
     layer_window.layer_windows`, called layer by layer), ``None`` when it runs them."""
-    import torch
 
-    from ...runtime.policies.layer_window import layer_windows
 
     for layer, kind in enumerate(model.layer_types):
         own = model.sliding_window if kind == "sliding_attention" else None

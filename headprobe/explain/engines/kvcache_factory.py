@@ -22,7 +22,9 @@ So ``--max_capacity_prompts C`` here equals HeadKV's ``--max_capacity_prompts C 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
+from ...allocation.common import check_beta
 from ...errors import HeadprobeError
 from ...models.identity import ModelIdentity
 from ..setting import Setting
@@ -39,9 +41,7 @@ CITES = [f"{KVCACHE_FACTORY} run_longbench.py:272-281", f"{KVCACHE_FACTORY} pyra
 
 def factory_capacities(scores: np.ndarray, max_capacity_prompts: int, head_beta: float) -> np.ndarray:
     """``int64 [layers][query_heads]``: the ``head_capacity`` table ``run_longbench.py`` builds."""
-    import torch
 
-    from ...allocation.common import check_beta
 
     check_beta(head_beta)
     s = np.asarray(scores, dtype=np.float64)
@@ -60,8 +60,6 @@ def factory_capacities(scores: np.ndarray, max_capacity_prompts: int, head_beta:
 def kv_head_capacities(capacities: np.ndarray, group: int) -> np.ndarray:
     """``[layers][kv_heads]``: each KV head's query-head capacities averaged in float32 and rounded half to even,
     as ``HeadKVCluster.update_kv`` does with ``--kv_cache_granularity kv_head``."""
-    import torch
-
     caps = torch.as_tensor(np.asarray(capacities), dtype=torch.int32)
     layers, heads = caps.shape
     if group == 1:

@@ -21,6 +21,7 @@ import numpy as np
 from ...budget_map import BudgetMap
 from ...errors import HeadprobeError
 from ...models.identity import ModelIdentity
+from ...tool_files.layer_list import kvpress_layer_ratios
 from ..setting import Setting
 from ..sources import DuoPattern, PressSetting
 from .allocation import EngineAllocation, dynamic
@@ -90,8 +91,6 @@ def budget_map_press(bm: BudgetMap, model: ModelIdentity, setting: Setting,
 def per_layer_press_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting) -> EngineAllocation:
     """kvpress' ``PerLayerCompressionPress`` with the ratios of ``headprobe export --to kvpress-layers``: every
     head of layer ``l`` keeps ``int(N · (1 − r_l))`` tokens (one number a layer), and the cache shrinks."""
-    from ...tool_files.layer_list import kvpress_layer_ratios
-
     text = f"per_layer_press(map, {setting.context}) (PerLayerCompressionPress)"
     cites = [f"{KVPRESS} kvpress/presses/per_layer_compression_press.py:56-61",
              f"{KVPRESS} kvpress/presses/scorer_press.py:94", "headprobe tool_files/layer_list.py kvpress_layer_ratios"]

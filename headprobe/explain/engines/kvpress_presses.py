@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import HeadprobeError, param
+from ...head_ranking import rank_order
 from ...models.identity import ModelIdentity
 
 KVPRESS = "NVIDIA/kvpress@8bb29b9"
@@ -190,8 +191,6 @@ def duo_press_streaming(values: np.ndarray, ratio: float) -> tuple[np.ndarray, t
     in an order numpy does not promise), ``(value, tied heads, of them streaming here)``; here the
     higher (layer, head) goes first.
     """
-    from ...head_ranking import rank_order
-
     v = np.asarray(values, dtype=np.float64)
     n_pruned = round(v.size * ratio)
     mask = np.zeros(v.size, dtype=bool)

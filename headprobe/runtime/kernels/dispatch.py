@@ -19,6 +19,7 @@ from typing import Any, NamedTuple, Protocol, TypeVar
 
 import torch
 
+from ...errors import HeadprobeError
 from .launch import interpreting
 from .torch_ref import compact_torch, ragged_attention_torch
 
@@ -76,11 +77,10 @@ _launch_failure: str | None = None
 T = TypeVar("T")
 
 
-def set_backend(name: str) -> str:
+def set_kernel_backend(name: str) -> str:
     """Select the kernel backend; returns the previous one."""
     global _backend
     if name not in BACKENDS:
-        from ...errors import HeadprobeError
         raise HeadprobeError(f"kernel backend {name!r}: expected one of {', '.join(BACKENDS)}")
     previous, _backend = _backend, name
     return previous
@@ -163,6 +163,7 @@ def compact(buffers: RaggedBuffers, keys: torch.Tensor, values: torch.Tensor, po
         return with_torch()
 
     def with_triton() -> None:
+        # Triton kernels: imported only where Triton runs (the `gpu` extra)
         from .compact import compact_triton
         compact_triton(keys, values, positions, selection.index, selection.count, buffers.offsets,
                        buffers.keys, buffers.values, buffers.positions, buffers.lengths)
@@ -204,6 +205,7 @@ def ragged_attention(query: torch.Tensor, store: SegmentStore, query_positions: 
         return with_torch()
 
     def with_triton() -> torch.Tensor:
+        # Triton kernels: imported only where Triton runs (the `gpu` extra)
         from .ragged_decode import ragged_decode_triton
         buf = store.buffers()
         return ragged_decode_triton(query, buf.keys, buf.values, buf.positions, buf.offsets, buf.lengths,

@@ -83,6 +83,7 @@ class LazyKernel:
 
     def kernel(self):
         """The decorated kernel for the current mode (an autotuner when compiled with several configs)."""
+        # Triton is optional (the `gpu` extra): imported only to launch a kernel
         import triton
 
         interpret = interpreting()

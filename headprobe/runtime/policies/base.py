@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from ...errors import HeadprobeError
+from ..decode_room import decode_room
 from ..prefill_attention import prefill_attention
 from ..shape import CacheShape
 from ..store import LayerStore, Selection
@@ -356,8 +357,6 @@ class Policy:
                     log_votes: torch.Tensor | None = None) -> LayerStore:
         """Allocate the layer's store (the kept pairs plus the decode room of :meth:`reserve`) and gather the
         selected prompt pairs into it; returns it."""
-        from ..decode_room import decode_room
-
         asked = self.reserve(ctx, selection.count)
         room = decode_room(asked, selection.count, ctx.prompt_lengths, ctx.kv_heads,
                            ctx.max_new_tokens)          # never more up front than a full cache would hold

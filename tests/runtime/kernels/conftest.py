@@ -51,10 +51,10 @@ def fresh_dispatch():
     """Backend ``auto`` and a fresh process's launch state before and after the test."""
     from headprobe.runtime.kernels import dispatch
 
-    previous = dispatch.set_backend("auto")
+    previous = dispatch.set_kernel_backend("auto")
     dispatch.reset_launch_state()
     yield dispatch
-    dispatch.set_backend(previous)
+    dispatch.set_kernel_backend(previous)
     dispatch.reset_launch_state()
 
 

@@ -35,12 +35,12 @@ def _store(keys, values, positions, sel, votes=False):
 
 
 def _torch_results(dispatch, keys, values, positions, sel, query, qpos):
-    previous = dispatch.set_backend("torch")
+    previous = dispatch.set_kernel_backend("torch")
     try:
         store = _store(keys, values, positions, sel)
         return store, dispatch.ragged_attention(query, store, qpos, 0.25)
     finally:
-        dispatch.set_backend(previous)
+        dispatch.set_kernel_backend(previous)
 
 
 def _failing(calls):
@@ -66,7 +66,7 @@ def test_auto_uses_triton_for_cuda_tensors_only(fresh_dispatch, monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert fresh_dispatch._use_triton(torch.device("cuda")) is True
     assert fresh_dispatch._use_triton(torch.device("cpu")) is False
-    fresh_dispatch.set_backend("torch")
+    fresh_dispatch.set_kernel_backend("torch")
     assert fresh_dispatch._use_triton(torch.device("cuda")) is False
 
 
@@ -80,7 +80,7 @@ def test_failed_first_compaction_launch_falls_back_and_warns_once(fresh_dispatch
     monkeypatch.setattr(compact_mod.COMPACT_KERNEL, "launch", _failing(calls))
     monkeypatch.setattr(rd.DECODE_KERNEL, "launch", _failing(decode_calls))
     monkeypatch.setenv("TRITON_INTERPRET", "1")                  # lets the forced backend pick Triton on CPU
-    fresh_dispatch.set_backend("triton")
+    fresh_dispatch.set_kernel_backend("triton")
     with pytest.warns(RuntimeWarning, match="Triton compaction kernel failed to launch") as caught:
         store = _store(keys, values, positions, sel)
     assert len(caught) == 1 and LAUNCHER_ERROR[:30] in str(caught[0].message)
@@ -104,7 +104,7 @@ def test_failed_first_decode_launch_falls_back(fresh_dispatch, monkeypatch):
     calls = []
     monkeypatch.setattr(rd.DECODE_KERNEL, "launch", _failing(calls))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    fresh_dispatch.set_backend("triton")
+    fresh_dispatch.set_kernel_backend("triton")
     fresh_dispatch._launched.add("compaction")       # compaction launched before; decode is new
     with pytest.warns(RuntimeWarning, match="Triton ragged decode kernel failed to launch"):
         out = fresh_dispatch.ragged_attention(query, ref_store, qpos, 0.25)
@@ -115,7 +115,7 @@ def test_errors_of_a_kernel_that_launched_before_are_raised(fresh_dispatch, monk
     keys, values, positions, sel = _prompt()
     monkeypatch.setattr(compact_mod.COMPACT_KERNEL, "launch", _failing([]))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    fresh_dispatch.set_backend("triton")
+    fresh_dispatch.set_kernel_backend("triton")
     fresh_dispatch._launched.add("compaction")
     with pytest.raises(RuntimeError, match="C compiler"):
         _store(keys, values, positions, sel)
@@ -131,7 +131,7 @@ def test_interpreter_switched_on_after_triton_import_falls_back_with_the_reason(
     ref_store, _ = _torch_results(fresh_dispatch, keys, values, positions, sel, torch.randn(2, 6, 1, 16),
                                   torch.tensor([[40], [40]]))
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    fresh_dispatch.set_backend("triton")
+    fresh_dispatch.set_kernel_backend("triton")
     with pytest.warns(RuntimeWarning, match="set after Triton was imported"):
         store = _store(keys, values, positions, sel)
     assert torch.equal(store.buffers().keys, ref_store.buffers().keys)
@@ -139,7 +139,7 @@ def test_interpreter_switched_on_after_triton_import_falls_back_with_the_reason(
 
 def test_forced_triton_without_a_device_warns_once(fresh_dispatch, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    fresh_dispatch.set_backend("triton")
+    fresh_dispatch.set_kernel_backend("triton")
     with pytest.warns(RuntimeWarning, match="using the PyTorch path"):
         assert fresh_dispatch._use_triton(torch.device("cpu")) is False
     with warnings.catch_warnings():
@@ -153,7 +153,7 @@ def test_dispatch_runs_the_kernels_and_matches_torch(kernel_device, fresh_dispat
     sel = Selection(sel.index.to(kernel_device), sel.count.to(kernel_device))
     query, qpos = torch.randn(2, 6, 1, 16, device=kernel_device), torch.tensor([[40], [33]], device=kernel_device)
     ref_store, ref_out = _torch_results(fresh_dispatch, keys, values, positions, sel, query, qpos)
-    fresh_dispatch.set_backend("triton")
+    fresh_dispatch.set_kernel_backend("triton")
     with warnings.catch_warnings():
         warnings.simplefilter("error")                          # no fallback: the kernels really ran
         store = _store(keys, values, positions, sel)
@@ -172,7 +172,7 @@ def test_generate_with_triton_kernels_matches_torch_path(kernel_device, fresh_di
     prompts = ["The river ran past the old mill. Fishermen waited on the bank. " * 2, "The secret code is blue"]
     outs = {}
     for backend in ("torch", "triton"):
-        fresh_dispatch.set_backend(backend)
+        fresh_dispatch.set_kernel_backend(backend)
         with warnings.catch_warnings():
             warnings.simplefilter("error", RuntimeWarning)
             res = generate_compressed(tiny_llama, prompts, policy="keepkv", capacity=12, max_new_tokens=6)
