@@ -8,7 +8,9 @@ over the trials the full cache answers, sorted by id).
         --lead split --lead headkv-r
 
 A group is a name and a regular expression over setting labels; at each capacity the settings it matches are
-one row, their scores averaged trial by trial (several seeds of a random split: their mean). The full cache
+one row, their scores averaged trial by trial (several seeds of a random split: their mean). ``--same-bytes
+A=B`` tables the settings run at capacity A with those at B: on a model whose own sliding layers a capacity
+does not compress (Gemma 3), per-head settings hold a split's bytes at another capacity than the split's mean. The full cache
 answers a trial when its score is above 0.5 (the eval's "found"). Several results of the same prompts (the
 same model, needles, lengths and depths, as a later run of more settings) are read as one: their settings
 are joined by label, and a label in two of them is refused.
@@ -45,7 +47,15 @@ def main() -> None:
                     "full-cache setting")
     ap.add_argument("--group", action="append", required=True, help="NAME=REGEX over setting labels")
     ap.add_argument("--lead", action="append", default=[], help="a group whose lead over the others is shown")
+    ap.add_argument("--same-bytes", action="append", default=[], metavar="A=B",
+                    help="table the settings at capacity A with those at capacity B (they hold the same bytes)")
     args = ap.parse_args()
+    same = {}
+    for spec in args.same_bytes:
+        a, sep, b = spec.partition("=")
+        if not sep or not a.isdigit() or not b.isdigit():
+            raise SystemExit(f"--same-bytes {spec!r}: expected two capacities A=B")
+        same[int(a)] = int(b)
     trials: dict[str, dict[tuple, dict]] = {}
     capacity: dict[str, int | None] = {}
     for path in args.results:
@@ -56,7 +66,7 @@ def main() -> None:
             if label in trials and label != "full":
                 raise SystemExit(f"{path}: setting {label} is in two results")
             trials.setdefault(label, by_key)
-        capacity.update({s["setting"]: s["capacity"] for s in result.summary()})
+        capacity.update({s["setting"]: same.get(s["capacity"], s["capacity"]) for s in result.summary()})
     groups = parse_groups(args.group)
     names = [n for n, _ in groups]
     for lead in args.lead:
