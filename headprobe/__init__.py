@@ -113,7 +113,7 @@ _API: dict[str, dict[str, str]] = {
         "RatioBudget": "runtime.budget_sources",
         "UniformBudget": "runtime.budget_sources",
         "CompressedCache": "runtime.cache",
-        "headprobe_attention": "runtime.cache_attention",
+        "headprobe_attention": "runtime.cache",
         "GenerationResult": "runtime.generate",
         "generate_compressed": "runtime.generate",
         "make_policy": "runtime.generate",

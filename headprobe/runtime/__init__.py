@@ -1,8 +1,7 @@
 """Compressed KV cache inside ``model.generate``: budgets, policies, kernels."""
 
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
-from .cache import CompressedCache
-from .cache_attention import headprobe_attention
+from .cache import CompressedCache, headprobe_attention
 from .generate import GenerationResult, generate_compressed, make_policy, parse_policy_options
 from .kernels.dispatch import set_kernel_backend
 from .policies import POLICIES, LayerContext, Policy, Rebalance, ScorerPolicy

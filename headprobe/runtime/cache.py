@@ -4,26 +4,33 @@ Two levels, as in transformers: the cache and its layers (:class:`CompressedLaye
 layer whose storage is a :class:`~headprobe.runtime.store.LayerStore`). ``update`` concatenates nothing:
 it keeps the new keys/values in the layer and returns the layer's :class:`PendingKV` handle in place of
 both tensors. transformers passes that handle unchanged to the attention function registered as
-``headprobe`` (:mod:`headprobe.runtime.cache_attention`), which asks the cache to run the layer's policy: full attention over the prompt and compression at prefill, ragged
-attention over the per-head store while decoding. A model whose attention uses the returned keys/values
+``headprobe`` (:func:`headprobe_attention_forward`, at the end of this module), which asks the cache to run
+the layer's policy: full attention over the prompt and compression at prefill, ragged attention over the
+per-head store while decoding. No mask function is registered: the cache knows the positions and padding. A model whose attention uses the returned keys/values
 as tensors (``key_states.shape``, ``torch.cat``, ``repeat_kv``) touches the handle, which refuses in one
 line (``docs/runtime.md``, "How it plugs into transformers").
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 from transformers.cache_utils import Cache, CacheLayerMixin
 
+from ..attention.registry import attention_switched, register_attention
 from ..errors import HeadprobeError
 from .budget_sources import BudgetSource
 from .decode_room import first_room
 from .policies.base import LayerContext, Policy
 from .shape import SLIDING, CacheShape
 from .store import LayerStore, host_array
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 _SUPPORTED = ("passes what Cache.update returns unchanged to the attention function (as transformers' Llama, "
               "Mistral, Qwen2 and Gemma 3 do)")
@@ -492,3 +499,83 @@ def _infer_padding(position_ids: torch.Tensor | None, batch: int, n: int, device
         return torch.zeros(batch, dtype=torch.long, device=device)
     pos = position_ids.to(device).long().expand(batch, n)
     return (n - 1 - pos.max(dim=1).values).clamp(min=0)
+
+
+# The attention function transformers calls with what CompressedCache.update returned, and the switch that
+# installs it on a model.
+
+ATTENTION_NAME = "headprobe"
+SUPPORTED_LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def headprobe_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: Any, value: Any,
+                                attention_mask: torch.Tensor | None, scaling: float | None = None,  # noqa: ARG001 (transformers' attention-function signature)
+                                dropout: float = 0.0, sliding_window: int | None = None,  # noqa: ARG001 (transformers' attention-function signature)
+                                softcap: float | None = None, **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Attention over a :class:`CompressedCache` layer.
+
+    Parameters
+    ----------
+    query
+        ``[batch, q_heads, n, head_dim]`` post-RoPE.
+    key, value
+        The :class:`~headprobe.runtime.cache.PendingKV` returned by ``CompressedCache.update`` (both).
+
+    Returns
+    -------
+    tuple
+        ``([batch, n, q_heads, head_dim], None)`` like transformers' attention functions.
+    """
+    if not isinstance(key, PendingKV) or value is not key:
+        raise HeadprobeError("the headprobe attention needs a CompressedCache passed as the model's cache "
+                             "(cache=, or past_key_values= before transformers 5.24) and the keys and values its "
+                             "update returned (use headprobe.generate_compressed)")
+    layer = key.layer
+    index = getattr(module, "layer_idx", layer.layer_idx)
+    if index != layer.layer_idx:
+        raise HeadprobeError(f"the attention of layer {index} received the keys of layer {layer.layer_idx}; the "
+                             "compressed cache needs each layer to update and attend its own cache layer")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    out = key.cache.attend(layer, query, float(scaling), sliding_window, softcap, kwargs.get("position_ids"))
+    return out.transpose(1, 2).contiguous(), None
+
+
+def register() -> None:
+    """Register the attention implementation with transformers (idempotent); no mask builder: the
+    ragged cache applies causality and windows itself."""
+    register_attention(ATTENTION_NAME, headprobe_attention_forward, sdpa_masks=False)
+
+
+def check_supported(hf_model: PreTrainedModel) -> CacheShape:
+    """Refuse, in one line, a model the compressed cache cannot run; returns its cache shape.
+
+    :func:`headprobe_attention` runs it on entry, before anything else the block does.
+
+    Supported: decoder-only models whose attention goes through transformers' ``AttentionInterface``
+    (``_supports_attention_backend``) with full-attention and sliding-window layers only.
+    """
+    config = hf_model.config
+    shape = CacheShape.from_config(config)
+    for i, kind in enumerate(shape.layer_types):
+        if kind not in SUPPORTED_LAYER_TYPES:
+            raise HeadprobeError(f"layer {i} has attention type {kind!r}; the compressed cache supports "
+                                 f"{', '.join(SUPPORTED_LAYER_TYPES)}")
+    name = type(hf_model).__name__
+    if getattr(config, "is_encoder_decoder", False):
+        raise HeadprobeError(f"{name} is an encoder-decoder model; the compressed cache serves decoder-only models")
+    if not getattr(hf_model, "_supports_attention_backend", False):
+        raise HeadprobeError(f"{name} does not route its attention through transformers' AttentionInterface; the "
+                             "compressed cache cannot run it")
+    return shape
+
+
+@contextlib.contextmanager
+def headprobe_attention(model: PreTrainedModel) -> Iterator[Any]:
+    """Switch ``model`` to the headprobe attention for the duration of the block, then restore it.
+
+    A model the compressed cache cannot run is refused first (:func:`check_supported`)."""
+    register()
+    check_supported(model)
+    with attention_switched(model, ATTENTION_NAME):
+        yield model

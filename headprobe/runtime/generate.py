@@ -17,8 +17,7 @@ from ..models.loading import generation_eos_ids, transformers_model
 from ..models.placement import input_device
 from .answer_stop import AnswerStop
 from .budget_sources import BudgetSource, MapBudget, RatioBudget, UniformBudget
-from .cache import CompressedCache
-from .cache_attention import headprobe_attention
+from .cache import CompressedCache, headprobe_attention
 from .policies import POLICIES, Policy, SlidingWindow
 from .shape import CacheShape
 from .split_budget import SplitBudget, is_split_map, load_budget_file
@@ -206,7 +205,7 @@ def new_cache(model: ModelLike, policy: str | Policy, budget: BudgetSource | Bud
 
     The defaults are decided here: :data:`DEFAULT_POLICY`, :data:`DEFAULT_CAPACITY` tokens per head, and
     :data:`SLIDING_POLICY` for sliding-window layers. Whether the model can run the cache at all is
-    checked by :func:`~headprobe.runtime.cache_attention.headprobe_attention`, inside which callers build it.
+    checked by :func:`~headprobe.runtime.cache.headprobe_attention`, inside which callers build it.
     """
     identity = getattr(model, "identity", None)
     shape = CacheShape.from_config(transformers_model(model).config)

@@ -24,8 +24,7 @@ import torch
 
 from ..models.loading import generation_eos_ids
 from .answer_stop import AnswerStop, decode_rest
-from .cache import CompressedCache
-from .cache_attention import headprobe_attention
+from .cache import CompressedCache, headprobe_attention
 from .generate import DEFAULT_POLICY, GenerationResult, finish, new_cache
 from .policies.base import Policy
 from .shared_prefill import RecordedPrefill, check_replay, first_tokens

@@ -25,8 +25,7 @@ from ..models.cache_argument import with_cache
 from ..models.loading import generation_eos_ids, transformers_model
 from .answer_stop import AnswerStop, decode_rest
 from .budget_sources import UniformBudget
-from .cache import CompressedCache, CompressedLayer
-from .cache_attention import headprobe_attention
+from .cache import CompressedCache, CompressedLayer, headprobe_attention
 from .generate import DEFAULT_POLICY, GenerationResult, finish, new_cache, prepare_inputs
 from .policies.base import Policy
 from .policies.full import Full

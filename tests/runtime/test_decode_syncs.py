@@ -120,7 +120,7 @@ def test_sliding_window_layers_decode_without_host_reads(tiny_gemma3, one_thread
     ids, mask = _batch()
     cache = headprobe.runtime.generate.new_cache(tiny_gemma3, policy, CAPACITY, None, None, None, NEW, mask)
     cache.sliding_policy = sliding
-    with headprobe.runtime.cache_attention.headprobe_attention(tiny_gemma3.model):
+    with headprobe.runtime.cache.headprobe_attention(tiny_gemma3.model):
         tiny_gemma3.model.generate(input_ids=ids, attention_mask=mask, **with_cache(tiny_gemma3.model, cache), max_new_tokens=NEW,
                                    min_new_tokens=NEW, do_sample=False)
     assert len(sliding_calls) == 3 * (NEW - 1) and len(calls) == NEW - 1

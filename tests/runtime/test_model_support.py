@@ -103,11 +103,11 @@ def test_model_without_the_attention_interface_is_refused(tiny_llama, monkeypatc
 def test_support_is_checked_once_per_call_and_before_the_policy(tiny_llama, monkeypatch):
     """Each entry point checks the model once (``headprobe_attention`` does), before the policy and budget
     are looked at: an unsupported model with a bad option is refused for the model."""
-    from headprobe.runtime import cache_attention
+    from headprobe.runtime import cache
 
     calls = []
-    check = cache_attention.check_supported
-    monkeypatch.setattr(cache_attention, "check_supported", lambda model: (calls.append(1), check(model))[1])
+    check = cache.check_supported
+    monkeypatch.setattr(cache, "check_supported", lambda model: (calls.append(1), check(model))[1])
     generate_compressed(tiny_llama, PROMPTS, capacity=12, max_new_tokens=3)
     assert len(calls) == 1
     record = record_prefill(tiny_llama, PROMPTS)
