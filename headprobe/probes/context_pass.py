@@ -412,8 +412,6 @@ def run_reference_examples(lm: LoadedModel, data: ContextInput, examples: list[C
                            progress: Any) -> None:
     """Reference mode: each example by greedy decoding (``config.max_new_tokens`` steps or end of sequence),
     every step's rows scored, as the retrieval needle pass does."""
-
-
     # transformers loads here, on first use: importing this module costs torch only
     from transformers import DynamicCache
 

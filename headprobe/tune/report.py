@@ -225,8 +225,6 @@ def map_setting_string(setting: EvalSetting, path: str | Path) -> str:
 
 def _filled(setting: EvalSetting) -> dict[str, Any]:
     """A setting's policy options with the policy's defaults filled in."""
-
-
     return {**{f.name: f.default for f in fields(POLICIES[setting.policy])}, **setting.options}
 
 

@@ -96,8 +96,6 @@ def resolved_budgets(bm: BudgetMap, model: ModelIdentity, context: int, policy: 
     ``context`` tokens for ``policy`` (a runtime policy or a :class:`MapWindow`): the runtime's function,
     called (for a map that carries a layer split and a runtime policy, :class:`~headprobe.runtime.split_budget.
     SplitBudget`'s, which takes no ``capacity``, as ``generate`` resolves it)."""
-
-
     if is_split_map(bm) and not isinstance(policy, MapWindow):
         if capacity is not None:
             raise HeadprobeError("a layer split keeps its own windows; give no capacity")
@@ -171,8 +169,6 @@ def runtime_allocation(bm: BudgetMap, model: ModelIdentity, setting: Setting, po
 def _layer_window_refusal(budgets: np.ndarray, model: ModelIdentity, pol: Any) -> str | None:
     """What the runtime's ``layer_window`` refuses for these budgets (:func:`~headprobe.runtime.policies.
     layer_window.layer_windows`, called layer by layer), ``None`` when it runs them."""
-
-
     for layer, kind in enumerate(model.layer_types):
         own = model.sliding_window if kind == "sliding_attention" else None
         try:

@@ -41,8 +41,6 @@ CITES = [f"{KVCACHE_FACTORY} run_longbench.py:272-281", f"{KVCACHE_FACTORY} pyra
 
 def factory_capacities(scores: np.ndarray, max_capacity_prompts: int, head_beta: float) -> np.ndarray:
     """``int64 [layers][query_heads]``: the ``head_capacity`` table ``run_longbench.py`` builds."""
-
-
     check_beta(head_beta)
     s = np.asarray(scores, dtype=np.float64)
     layers, heads = s.shape
