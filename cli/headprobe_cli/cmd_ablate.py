@@ -25,15 +25,18 @@ from .progress import tqdm_progress
 FLAGS = {"ks": "--k"}
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "ablate", help="mask top-k heads vs k random heads; needle accuracy of each", formatter_class=formatter,
-        description="Wu et al.'s check that retrieval heads are real: make the attention of the profile's "
-                    "top-k query heads uniform and compare needle accuracy with k random heads masked.",
-        epilog="examples:\n"
-               "  headprobe ablate --k 5 10 20 --lengths 1000\n"
-               "  headprobe ablate --profile profiles/smollm2-135m.retrieval.json --out ablation.json\n"
-               "  torchrun --standalone --nproc-per-node 3 -m headprobe ablate ...   # runs split over 3 ranks")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Wu et al.'s check that retrieval heads are real: make the attention of the profile's "
+        "top-k query heads uniform and compare needle accuracy with k random heads masked."
+    )
+    p.epilog = (
+        "examples:\n"
+        "  headprobe ablate --k 5 10 20 --lengths 1000\n"
+        "  headprobe ablate --profile profiles/smollm2-135m.retrieval.json --out ablation.json\n"
+        "  torchrun --standalone --nproc-per-node 3 -m headprobe ablate ...   # runs split over 3 ranks"
+    )
     add_loading_arguments(p)
     p.add_argument("--profile", default=None, help="profile file (default: newest --kind profile of the model)")
     p.add_argument("--kind", default="retrieval", help="profile kind to look up when --profile is not given")

@@ -44,17 +44,20 @@ def _add_flag(p: argparse.ArgumentParser, info: Any, default: object, note: str 
                        help=text)
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "allocate", help="turn profiles into per-head KV-cache budgets", formatter_class=formatter,
-        description="Allocate KV-cache budgets per (layer, KV head) from head-score and/or layer-retention "
-                    "profiles. Without --profile, the newest profiles of the kinds the method reads are used "
-                    "(the user's profiles folder, where `headprobe profile` writes, then ./profiles, then the shipped ones).\n\nmethods:\n"
-                    + "\n".join(f"  {a.name:<10} {a.description}" for a in hp.ALLOCATORS.values()),
-        epilog="examples:\n  headprobe allocate --beta 1.01\n"
-               "  headprobe allocate --method combined --profile r2.json --profile layers.json --task code\n"
-               "  headprobe allocate --method pyramid --model smollm2-135m --taper 10\n"
-               "  headprobe allocate --profile llama3_r2.json --compat headkv --beta 1.5")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Allocate KV-cache budgets per (layer, KV head) from head-score and/or layer-retention "
+        "profiles. Without --profile, the newest profiles of the kinds the method reads are used "
+        "(the user's profiles folder, where `headprobe profile` writes, then ./profiles, then the shipped ones).\n\nmethods:\n"
+        + "\n".join(f"  {a.name:<10} {a.description}" for a in hp.ALLOCATORS.values())
+    )
+    p.epilog = (
+        "examples:\n  headprobe allocate --beta 1.01\n"
+        "  headprobe allocate --method combined --profile r2.json --profile layers.json --task code\n"
+        "  headprobe allocate --method pyramid --model smollm2-135m --taper 10\n"
+        "  headprobe allocate --profile llama3_r2.json --compat headkv --beta 1.5"
+    )
     add_model_argument(p, default=None, help=f"alias, HF id or folder (default: {hp.DEFAULT_MODEL}, or the "
                        "model of --profile)")
     p.add_argument("--profile", action="append", default=[], metavar="FILE",

@@ -33,24 +33,27 @@ FLAGS = {"spec": "--settings", "specs": "--settings", **TASK_FLAGS}
 TASKS = ("needle", "babi", "dataset", "longgen", "ruler")
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "eval", help="accuracy vs cache memory on needle, bAbI-style or outside QA tasks", formatter_class=formatter,
-        description="Run a grid of context lengths x needle depths under each KV-cache setting "
-                    "(allocation, policy, capacity per head) and report accuracy per cell, mean accuracy, real "
-                    "cache bytes and time per token. Writes a result JSON (resumable cell by cell) and a PNG grid.\n\n"
-                    "Settings are presets (" + ", ".join(headprobe.EVAL_PRESETS) + ") or "
-                    "POLICY[:ALLOCATION[:PROFILE,...]], PROFILE being a profile kind or file.",
-        epilog="examples:\n"
-               "  headprobe eval --settings full snapkv headkv-r2 combined --capacities 32 128 "
-               "--lengths 1000 2000 --depths 0 50 100\n"
-               "  headprobe eval --task babi --babi-count 8 --settings full snapkv --capacities 64\n"
-               "  headprobe eval --task dataset --dataset qa.jsonl --fields context=context,question=input,"
-               "answers=answers --settings full snapkv --capacities 128\n"
-               "  headprobe eval --task ruler --ruler-tasks niah_single_1 --lengths 2048 --samples 20 "
-               "--settings full snapkv --ratios 0.5 0.9\n"
-               "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid\n"
-               "  torchrun --standalone --nproc-per-node 2 -m headprobe eval ...   # cell groups split over 2 ranks")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Run a grid of context lengths x needle depths under each KV-cache setting "
+        "(allocation, policy, capacity per head) and report accuracy per cell, mean accuracy, real "
+        "cache bytes and time per token. Writes a result JSON (resumable cell by cell) and a PNG grid.\n\n"
+        "Settings are presets (" + ", ".join(headprobe.EVAL_PRESETS) + ") or "
+        "POLICY[:ALLOCATION[:PROFILE,...]], PROFILE being a profile kind or file."
+    )
+    p.epilog = (
+        "examples:\n"
+        "  headprobe eval --settings full snapkv headkv-r2 combined --capacities 32 128 "
+        "--lengths 1000 2000 --depths 0 50 100\n"
+        "  headprobe eval --task babi --babi-count 8 --settings full snapkv --capacities 64\n"
+        "  headprobe eval --task dataset --dataset qa.jsonl --fields context=context,question=input,"
+        "answers=answers --settings full snapkv --capacities 128\n"
+        "  headprobe eval --task ruler --ruler-tasks niah_single_1 --lengths 2048 --samples 20 "
+        "--settings full snapkv --ratios 0.5 0.9\n"
+        "  headprobe eval ... --out results/eval.json --resume      # continue an interrupted grid\n"
+        "  torchrun --standalone --nproc-per-node 2 -m headprobe eval ...   # cell groups split over 2 ranks"
+    )
     add_loading_arguments(p)
     p.add_argument("--settings", nargs="+", default=["full", "snapkv", "headkv-r2"], metavar="SETTING")
     p.add_argument("--capacities", nargs="+", type=int, default=unset([128]), help="mean tokens per KV head")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -14,30 +15,32 @@ from .common_args import add_force_argument, figure_path
 FLAGS = {"policy_options": "--option", "press_options": "--press-option"}
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "explain", help="any budget in tokens and bytes, and what each engine really allocates for it",
-        formatter_class=formatter,
-        description="Explain a KV-cache budget at a context length: the tokens and bytes it keeps per layer and "
-                    "KV head, its share of a full cache, and what each engine allocates for it: headprobe's runtime "
-                    "(budgets plus decode room), kvpress (masking presses keep the whole cache), HeadKV and "
-                    "KVCache-Factory (budgets cut at the prefix; caches per query head on GQA models), DuoAttention "
-                    "(full heads x N plus streaming heads x (sink + recent)), and for a layer split vLLM (pages of "
-                    "its window), TensorRT-LLM (a pool per window) and llama.cpp (cells allocated up front). INPUT "
-                    "is a budget map (a layer split's included) or a layer-split file, one or two profiles "
-                    "(allocated as `headprobe allocate` would), a DuoAttention folder, or a HeadKV / Retrieval_Head "
-                    "score file; or give --press and --ratio instead. No model weights are loaded: "
-                    "--model gives the shape of files that carry none. --to budget writes the equivalent headprobe "
-                    "budget map, to run it with `headprobe generate --budget`. See docs/explain.md.",
-        epilog="examples:\n"
-               "  headprobe explain budgets/smollm2.headkv.cap128.beta1.2.json --context 4096\n"
-               "  headprobe explain profiles/smollm2-135m.retrieval_reasoning.json --context 4096 --capacity 256\n"
-               "  headprobe explain attn_patterns/Mistral-7B-Instruct-v0.2 --context 32000 --sparsity 0.5 "
-               "--plot duo.png\n"
-               "  headprobe explain Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json --context 900 "
-               "--capacity 128 --beta 1.5 --to budget -o llama3_headkv.json\n"
-               "  headprobe explain --press snapkv --ratio 0.75 --model mistral-7b --context 16384 --json out.json\n"
-               "  headprobe explain split_map.json --context 8192     # a layer split: vLLM, TensorRT-LLM, llama.cpp")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Explain a KV-cache budget at a context length: the tokens and bytes it keeps per layer and "
+        "KV head, its share of a full cache, and what each engine allocates for it: headprobe's runtime "
+        "(budgets plus decode room), kvpress (masking presses keep the whole cache), HeadKV and "
+        "KVCache-Factory (budgets cut at the prefix; caches per query head on GQA models), DuoAttention "
+        "(full heads x N plus streaming heads x (sink + recent)), and for a layer split vLLM (pages of "
+        "its window), TensorRT-LLM (a pool per window) and llama.cpp (cells allocated up front). INPUT "
+        "is a budget map (a layer split's included) or a layer-split file, one or two profiles "
+        "(allocated as `headprobe allocate` would), a DuoAttention folder, or a HeadKV / Retrieval_Head "
+        "score file; or give --press and --ratio instead. No model weights are loaded: "
+        "--model gives the shape of files that carry none. --to budget writes the equivalent headprobe "
+        "budget map, to run it with `headprobe generate --budget`. See docs/explain.md."
+    )
+    p.epilog = (
+        "examples:\n"
+        "  headprobe explain budgets/smollm2.headkv.cap128.beta1.2.json --context 4096\n"
+        "  headprobe explain profiles/smollm2-135m.retrieval_reasoning.json --context 4096 --capacity 256\n"
+        "  headprobe explain attn_patterns/Mistral-7B-Instruct-v0.2 --context 32000 --sparsity 0.5 "
+        "--plot duo.png\n"
+        "  headprobe explain Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json --context 900 "
+        "--capacity 128 --beta 1.5 --to budget -o llama3_headkv.json\n"
+        "  headprobe explain --press snapkv --ratio 0.75 --model mistral-7b --context 16384 --json out.json\n"
+        "  headprobe explain split_map.json --context 8192     # a layer split: vLLM, TensorRT-LLM, llama.cpp"
+    )
     p.add_argument("inputs", nargs="*", metavar="INPUT",
                    help="budget map, layer split, profile(s), DuoAttention folder or HeadKV score file")
     p.add_argument("--context", type=int, required=True, metavar="N", help="prompt tokens of each sequence")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import warnings
 from pathlib import Path
@@ -16,18 +17,21 @@ TARGETS = ("duoattention", "headkv", "layers", "kvpress-layers", "vllm", "tensor
 SPLIT_TARGETS = ("vllm", "tensorrt-llm", "llama.cpp")
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "export", help="export a profile or budget map for other engines", formatter_class=formatter,
-        description="Export to a DuoAttention pattern folder (full_attention_heads.tsv + config.json), a "
-                    "HeadKV / Retrieval_Head score JSON, a per-layer budget list, or per-layer removal ratios "
-                    "for kvpress' PerLayerCompressionPress; a layer split as vLLM hf_overrides, TensorRT-LLM "
-                    "KvCacheConfig fields or llama.cpp GGUF metadata. See docs/interop.md for what each engine reads.",
-        epilog="examples:\n  headprobe export profiles/smollm2-135m.retrieval_reasoning.json --to duoattention "
-               "--full-share 0.25 -o duo/\n  headprobe export budgets/x.json --to duoattention -o duo/\n"
-               "  headprobe export budgets/x.json --to layers -o layers.json\n"
-               "  headprobe export budgets/x.json --to kvpress-layers --prompt-len 2048 -o ratios.json\n"
-               "  headprobe export split.json --to vllm -o vllm_overrides.json   # a layer split (docs/interop.md)")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Export to a DuoAttention pattern folder (full_attention_heads.tsv + config.json), a "
+        "HeadKV / Retrieval_Head score JSON, a per-layer budget list, or per-layer removal ratios "
+        "for kvpress' PerLayerCompressionPress; a layer split as vLLM hf_overrides, TensorRT-LLM "
+        "KvCacheConfig fields or llama.cpp GGUF metadata. See docs/interop.md for what each engine reads."
+    )
+    p.epilog = (
+        "examples:\n  headprobe export profiles/smollm2-135m.retrieval_reasoning.json --to duoattention "
+        "--full-share 0.25 -o duo/\n  headprobe export budgets/x.json --to duoattention -o duo/\n"
+        "  headprobe export budgets/x.json --to layers -o layers.json\n"
+        "  headprobe export budgets/x.json --to kvpress-layers --prompt-len 2048 -o ratios.json\n"
+        "  headprobe export split.json --to vllm -o vllm_overrides.json   # a layer split (docs/interop.md)"
+    )
     p.add_argument("input", help="headprobe profile or budget file")
     p.add_argument("--to", required=True, choices=TARGETS, help="target format")
     p.add_argument("-o", "--output", required=True, help="output file (folder for duoattention)")

@@ -25,18 +25,21 @@ if TYPE_CHECKING:
 FLAGS = {"chat_template=False": "--no-chat", "spec": "--setting", "specs": "--setting"}
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "generate", help="generate with a per-head compressed KV cache", formatter_class=formatter,
-        description="Generate an answer with a compressed KV cache (per-layer, per-KV-head budgets) and print "
-                    "the real cache size next to a full cache.",
-        epilog="examples:\n"
-               "  headprobe generate --capacity 128 --policy snapkv \"Summarise: ...\"\n"
-               "  headprobe generate --budget budgets/smollm2.headkv.json --policy keydiff "
-               "--option block_size=128 \"...\"\n"
-               "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt\n"
-               "  headprobe generate --setting \"headkv-r[window=32]@64\" \"...\"      # an eval setting\n"
-               "  headprobe generate --setting \"snapkv:tune/tune.c64.budget.json[window=32]\" \"...\"   # tune's")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Generate an answer with a compressed KV cache (per-layer, per-KV-head budgets) and print "
+        "the real cache size next to a full cache."
+    )
+    p.epilog = (
+        "examples:\n"
+        "  headprobe generate --capacity 128 --policy snapkv \"Summarise: ...\"\n"
+        "  headprobe generate --budget budgets/smollm2.headkv.json --policy keydiff "
+        "--option block_size=128 \"...\"\n"
+        "  headprobe generate --ratio 0.1 --policy morphkv --option window=32 --prompt-file doc.txt\n"
+        "  headprobe generate --setting \"headkv-r[window=32]@64\" \"...\"      # an eval setting\n"
+        "  headprobe generate --setting \"snapkv:tune/tune.c64.budget.json[window=32]\" \"...\"   # tune's"
+    )
     p.add_argument("prompt", nargs="?", help="the prompt (or use --prompt-file, or - for stdin)")
     p.add_argument("--prompt-file", help="read the prompt from this file")
     add_loading_arguments(p)

@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import argparse
+
 import headprobe
 from headprobe import frontend
 
 from .common_args import add_force_argument, add_model_argument
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "import", help="import HeadKV, Retrieval_Head or DuoAttention files as profiles", formatter_class=formatter,
-        description="Import a HeadKV / Retrieval_Head score JSON or a DuoAttention pattern folder as a "
-                    "headprobe profile. The model comes from the file name or --model.",
-        epilog="examples:\n  headprobe import Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json\n"
-               "  headprobe import attn_patterns/Mistral-7B-Instruct-v0.2 --model mistral-7b")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Import a HeadKV / Retrieval_Head score JSON or a DuoAttention pattern folder as a "
+        "headprobe profile. The model comes from the file name or --model."
+    )
+    p.epilog = (
+        "examples:\n  headprobe import Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json\n"
+        "  headprobe import attn_patterns/Mistral-7B-Instruct-v0.2 --model mistral-7b"
+    )
     p.add_argument("input", help="score JSON file, DuoAttention folder or its full_attention_heads.tsv")
     p.add_argument("--from", dest="fmt", default=None, choices=headprobe.IMPORT_FORMATS,
                    help="input format (default: from the path)")

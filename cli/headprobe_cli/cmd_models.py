@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.util
 
 from headprobe import DEFAULT_MODEL, MODELS
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser("models", help="list model aliases and their Hugging Face ids", formatter_class=formatter,
-                       description="List the model aliases --model accepts.",
-                       epilog="example:\n  headprobe models\n\nAny Hugging Face id or local directory works too.")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = "List the model aliases --model accepts."
+    p.epilog = "example:\n  headprobe models\n\nAny Hugging Face id or local directory works too."
     p.set_defaults(func=run)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import headprobe as hp
@@ -11,13 +12,16 @@ from .common_args import LazyChoices, add_force_argument
 KINDS = ("auto", "heads", "compare", "retention", "budget")
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "plot", help="plot head scores, comparisons, layer retention or budget maps", formatter_class=formatter,
-        description="Plot one profile (head heatmap or layer-retention curves), two profiles side by side, or "
-                    "a budget map. PNG by default; --format svg or a .svg output for SVG.",
-        epilog="examples:\n  headprobe plot profiles/smollm2-135m.retrieval_reasoning.json\n"
-               "  headprobe plot r.json r2.json -o compare.png\n  headprobe plot budgets/x.json --format svg")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Plot one profile (head heatmap or layer-retention curves), two profiles side by side, or "
+        "a budget map. PNG by default; --format svg or a .svg output for SVG."
+    )
+    p.epilog = (
+        "examples:\n  headprobe plot profiles/smollm2-135m.retrieval_reasoning.json\n"
+        "  headprobe plot r.json r2.json -o compare.png\n  headprobe plot budgets/x.json --format svg"
+    )
     p.add_argument("inputs", nargs="+", help="one or two profile files, or a budget file")
     p.add_argument("--kind", default="auto", choices=KINDS, help="what to draw (default: from the input)")
     p.add_argument("--granularity", default="query", choices=["query", "kv"], help="query or KV heads")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
@@ -53,20 +54,21 @@ def given(args, dest: str) -> bool:
     return isinstance(default, _Unset) or value != default
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "profile", formatter_class=formatter,
-        help="profile retrieval, retrieval-reasoning heads and layer retention",
-        description="Run needle-in-a-haystack probes (retrieval, enhanced retrieval, retrieval-reasoning heads) "
-                    "and the layer-retention analysis; write profile JSON and trial logs.",
-        epilog="examples:\n"
-               "  headprobe profile                                  # embedded SmolLM2, CPU grid, all probes\n"
-               "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
-               "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
-               "  headprobe profile --grid full --mode reuse --until-stable   # approximate, stops when stable\n"
-               "  headprobe profile --contexts qa.jsonl --fields context=doc,question=q,answer=a   # your own data\n"
-               "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl\n"
-               "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)",
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Run needle-in-a-haystack probes (retrieval, enhanced retrieval, retrieval-reasoning heads) "
+        "and the layer-retention analysis; write profile JSON and trial logs."
+    )
+    p.epilog = (
+        "examples:\n"
+        "  headprobe profile                                  # embedded SmolLM2, CPU grid, all probes\n"
+        "  headprobe profile --model mistral-7b               # HeadKV grid on a GPU\n"
+        "  headprobe profile --probe retrieval_reasoning --lengths 1000 2000 4000 --depths 0 50 100\n"
+        "  headprobe profile --grid full --mode reuse --until-stable   # approximate, stops when stable\n"
+        "  headprobe profile --contexts qa.jsonl --fields context=doc,question=q,answer=a   # your own data\n"
+        "  headprobe profile --shard 0/4 ... ; headprobe profile --merge out/*.shard*.trials.jsonl\n"
+        "  torchrun --standalone --nproc-per-node 4 -m headprobe profile ...   # 4 ranks, merged (docs/scale.md)"
     )
     add_loading_arguments(p)
     _add_probe_arguments(p)

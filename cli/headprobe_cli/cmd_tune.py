@@ -31,23 +31,26 @@ FLAGS = {"spec": "--presets", "specs": "--presets", **TASK_FLAGS}
 TASKS = ("needle", "babi", "dataset", "ruler")
 
 
-def register(sub, formatter) -> None:
-    p = sub.add_parser(
-        "tune", help="search the setting that keeps the most accuracy at a cache size", formatter_class=formatter,
-        description="Search, per capacity (tokens per KV head) or memory target, over the policies that take a "
-                    "budget map with the options that decide what a budget keeps (window, question window, pooling), "
-                    "then over the allocations (uniform, HeadKV per head-profile kind, PyramidKV, DynamicKV, "
-                    "combined) with their parameters: every candidate an eval setting, run on calibration items "
-                    "with successive halving and a bootstrap race dropping weak ones early. The chosen setting, "
-                    "every preset and the full cache are then evaluated on held-out items. Writes a report "
-                    "(JSON + figure), the chosen budget map per capacity and a setting string that eval and "
-                    "generate accept. See docs/tune.md.",
-        epilog="examples:\n"
-               "  headprobe tune --capacities 32 64 128 --lengths 1000 2000 4000 --depths 0 50 100\n"
-               "  headprobe tune --cache-share 5% --context 4000 --holdout-ids r13 r14\n"
-               "  headprobe tune --capacities 64 --policies snapkv --values window=32,question beta=1.01,1.2\n"
-               "  headprobe tune ... --out tune/tune.json --resume      # continue an interrupted search\n"
-               "  torchrun --standalone --nproc-per-node 2 -m headprobe tune ...   # eval runs split over 2 ranks")
+def register(p: argparse.ArgumentParser) -> None:
+    """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
+    p.description = (
+        "Search, per capacity (tokens per KV head) or memory target, over the policies that take a "
+        "budget map with the options that decide what a budget keeps (window, question window, pooling), "
+        "then over the allocations (uniform, HeadKV per head-profile kind, PyramidKV, DynamicKV, "
+        "combined) with their parameters: every candidate an eval setting, run on calibration items "
+        "with successive halving and a bootstrap race dropping weak ones early. The chosen setting, "
+        "every preset and the full cache are then evaluated on held-out items. Writes a report "
+        "(JSON + figure), the chosen budget map per capacity and a setting string that eval and "
+        "generate accept. See docs/tune.md."
+    )
+    p.epilog = (
+        "examples:\n"
+        "  headprobe tune --capacities 32 64 128 --lengths 1000 2000 4000 --depths 0 50 100\n"
+        "  headprobe tune --cache-share 5% --context 4000 --holdout-ids r13 r14\n"
+        "  headprobe tune --capacities 64 --policies snapkv --values window=32,question beta=1.01,1.2\n"
+        "  headprobe tune ... --out tune/tune.json --resume      # continue an interrupted search\n"
+        "  torchrun --standalone --nproc-per-node 2 -m headprobe tune ...   # eval runs split over 2 ranks"
+    )
     add_loading_arguments(p)
     memory = p.add_mutually_exclusive_group()
     memory.add_argument("--capacities", nargs="+", type=int, default=None,

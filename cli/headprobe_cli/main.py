@@ -24,10 +24,22 @@ from typing import NoReturn, TextIO
 import headprobe
 from headprobe import frontend
 
-#: Subcommand modules, in the order ``--help`` lists them.
-COMMAND_MODULES = (
-    "models", "profile", "inspect", "allocate", "export", "import", "plot", "generate", "eval", "tune", "ablate", "explain",
-)
+#: The commands, in the order ``--help`` lists them, with their one-line help; ``cmd_NAME.register`` fills
+#: each one's parser. Only the command a line names is imported, so ``headprobe --help`` loads no command.
+COMMANDS = {
+    "models": "list model aliases and their Hugging Face ids",
+    "profile": "profile retrieval, retrieval-reasoning heads and layer retention",
+    "inspect": "validate and summarise a headprobe file",
+    "allocate": "turn profiles into per-head KV-cache budgets",
+    "export": "export a profile or budget map for other engines",
+    "import": "import HeadKV, Retrieval_Head or DuoAttention files as profiles",
+    "plot": "plot head scores, comparisons, layer retention or budget maps",
+    "generate": "generate with a per-head compressed KV cache",
+    "eval": "accuracy vs cache memory on needle, bAbI-style or outside QA tasks",
+    "tune": "search the setting that keeps the most accuracy at a cache size",
+    "ablate": "mask top-k heads vs k random heads; needle accuracy of each",
+    "explain": "any budget in tokens and bytes, and what each engine really allocates for it",
+}
 
 
 class _Formatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -42,7 +54,9 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"headprobe: error: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The ``headprobe`` parser; with ``only``, that command's options alone are built (every command is still
+    listed, by its one-line help), so parsing a command line imports one command module, not twelve."""
     parser = _Parser(
         prog="headprobe", formatter_class=_Formatter,
         description="Profile attention heads and layers, allocate KV-cache budgets, apply them in generate.",
@@ -52,14 +66,20 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"headprobe {headprobe.__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks instead of one-line errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
-        module = importlib.import_module(f"headprobe_cli.cmd_{name}")
-        module.register(sub, _Formatter)
+    for name, summary in COMMANDS.items():
+        command_parser = sub.add_parser(name, help=summary, formatter_class=_Formatter)
+        if only is None or name == only:
+            importlib.import_module(f"headprobe_cli.cmd_{name}").register(command_parser)
     return parser
 
 
+def command_named(argv: list[str]) -> str:
+    """The command a command line names: its first word that is not an option ("" when there is none)."""
+    return next((word for word in argv if not word.startswith("-")), "")
+
+
 #: Folders whose warnings are headprobe's own: the library and this command.
-_OWN = tuple(str(Path(m.__file__).resolve().parent) for m in (headprobe, sys.modules[__name__.rpartition(".")[0]]))
+_OWN = (str(Path(headprobe.__file__).resolve().parent), str(Path(__file__).resolve().parent))
 
 
 def _own(filename: str) -> bool:
@@ -91,7 +111,8 @@ def one_line_warnings() -> Iterator[None]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(only=command_named(argv))
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from headprobe_cli.main import COMMAND_MODULES, build_parser, main
+from headprobe_cli.main import COMMANDS, build_parser, main
 
 import headprobe
 import headprobe.frontend
@@ -170,4 +170,39 @@ def test_generate_checks_and_lists_policies_from_the_runtime(capsys):
 
 def test_every_command_module_is_registered():
     found = {p.stem[4:] for p in (ROOT / "cli" / "headprobe_cli").glob("cmd_*.py")}
-    assert found == set(COMMAND_MODULES)
+    assert found == set(COMMANDS)
+
+
+def _command_modules_after(code: str) -> list[str]:
+    probe = (f"{code}\nimport sys\n"
+             "print(sorted(m for m in sys.modules if m.startswith('headprobe_cli.cmd_') or m in ('numpy', 'tqdm')))")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])}
+    proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
+                          check=False)
+    assert proc.returncode == 0, proc.stderr
+    return eval(proc.stdout.strip().splitlines()[-1])  # a list literal the probe printed
+
+
+def test_help_lists_every_command_and_a_command_line_imports_only_its_own_module(capsys):
+    with pytest.raises(SystemExit):
+        main(["--help"])
+    listed = capsys.readouterr().out
+    for name, summary in COMMANDS.items():
+        assert f"{name}" in listed and summary in " ".join(listed.split())
+    quiet = "import contextlib, io\nfrom headprobe_cli.main import main\n"
+    assert _command_modules_after(
+        quiet + "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                "    main(['--help'])") == []    # nor numpy nor tqdm: no command's options are built
+    assert _command_modules_after(
+        quiet + "with contextlib.redirect_stdout(io.StringIO()):\n    main(['--debug', 'models'])") == [
+        "headprobe_cli.cmd_models"]
+    assert _command_modules_after(
+        quiet + "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                "    main(['profile', '--help'])") == ["headprobe_cli.cmd_profile", "numpy", "tqdm"]
+
+
+def test_a_command_parsed_alone_equals_the_same_command_in_the_whole_parser():
+    for name in COMMANDS:
+        alone = build_parser(only=name)._subparsers._group_actions[0].choices[name]
+        whole = build_parser()._subparsers._group_actions[0].choices[name]
+        assert alone.format_help() == whole.format_help(), name
