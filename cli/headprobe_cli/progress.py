@@ -17,3 +17,22 @@ def tqdm_progress(total: int, description: str):
     if total == 0:
         bar.close()
     return advance
+
+
+def tqdm_steps(total: int, description: str, unit: str):
+    """A ``step(label)`` callable backed by a tqdm bar of ``total`` steps: each call ends the step before and
+    shows ``label`` as the one running; ``step(None)`` ends the last and closes the bar."""
+    bar = tqdm(total=total, desc=description, unit=unit, dynamic_ncols=True)
+    running = False
+
+    def step(label: str | None) -> None:
+        nonlocal running
+        if running:
+            bar.update(1)
+        running = label is not None
+        if running:
+            bar.set_postfix_str(label)
+        else:
+            bar.close()
+
+    return step

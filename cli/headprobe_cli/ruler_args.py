@@ -12,6 +12,7 @@ import headprobe as hp
 from headprobe import HeadprobeError, frontend
 
 from .common_args import chat_template_wanted, plain, typed
+from .progress import tqdm_steps
 
 if TYPE_CHECKING:
     from headprobe import LoadedModel
@@ -95,7 +96,9 @@ def ruler_examples(plan: RulerPlan, tokenizer: Any) -> list[Any]:
     """The plan's examples, generated now for ``tokenizer`` when they were not read."""
     if plan.examples is None:
         with tempfile.TemporaryDirectory(prefix="headprobe-ruler-") as folder:
-            hp.generate_ruler(plan.request, tokenizer, folder)
+            request = plan.request
+            steps = tqdm_steps(len(request.tasks) * len(request.lengths), "RULER's generator", unit="task")
+            hp.generate_ruler(request, tokenizer, folder, progress=steps)
             plan.examples = hp.load_ruler_dir(folder, list(plan.request.tasks))
     return plan.examples
 

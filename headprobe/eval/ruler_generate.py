@@ -18,7 +18,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -144,8 +144,12 @@ def tokenizer_folder(tokenizer: Any, scratch: Path) -> Path:
 
 
 def generate_ruler(request: RulerGeneration, tokenizer: Any, folder: str | Path, root: Path | None = None,
-             timeout_s: float = TIMEOUT_S) -> Path:
+                   timeout_s: float = TIMEOUT_S, progress: Callable[[str | None], None] | None = None) -> Path:
     """Write RULER's files for ``tokenizer`` under ``folder`` (``LENGTH/TASK/validation.jsonl``).
+
+    ``progress``, when given, is called with ``"TASK at LENGTH tokens"`` as each task script starts (one
+    script can take minutes: RULER's QA scripts tokenize their documents one by one) and with ``None`` once
+    the last has finished.
 
     Raises
     ------
@@ -160,7 +164,11 @@ def generate_ruler(request: RulerGeneration, tokenizer: Any, folder: str | Path,
         for length in request.lengths:
             for task in request.tasks:
                 cmd = task_command(root, task, length, request.samples, request.seed, tok_dir, folder / str(length))
+                if progress is not None:
+                    progress(f"{task} at {length} tokens")
                 _run_script(cmd, task, length, env, timeout_s)
+    if progress is not None:
+        progress(None)
     return folder
 
 

@@ -30,10 +30,14 @@ def test_seed_42_writes_prepare_pys_files_and_another_seed_others(tiny_dir, tmp_
 
     tok = AutoTokenizer.from_pretrained(tiny_dir)
 
+    said = []
+
     def made(seed, name):
-        return rg.generate_ruler(_request(seed), tok, tmp_path / name, timeout_s=240) / "1024/niah_single_1/validation.jsonl"
+        folder = rg.generate_ruler(_request(seed), tok, tmp_path / name, timeout_s=240, progress=said.append)
+        return folder / "1024/niah_single_1/validation.jsonl"
 
     a, c = made(42, "a"), made(7, "c")
+    assert said == ["niah_single_1 at 1024 tokens", None] * 2     # each script announced as it starts, then the end
     assert a.read_bytes() != c.read_bytes()
     examples = load_ruler_dir(tmp_path / "a")
     assert [e.id for e in examples] == ["niah_single_1/1024/0", "niah_single_1/1024/1"]
