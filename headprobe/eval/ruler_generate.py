@@ -14,7 +14,9 @@ does not ship: they are refused unless NLTK finds it (``NLTK_DATA`` or NLTK's ow
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -37,6 +39,9 @@ GENERATOR_IMPORTS = {"nltk": "nltk", "wonderwords": "wonderwords", "tenacity": "
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
 #: Shortest length generated: below it RULER's fitting loops may never fit a prompt.
 MIN_LENGTH = 512
+#: The fewest documents RULER's qa.py puts in a prompt (its step, ``incremental``).
+QA_FEWEST_DOCUMENTS = 10
+
 #: Seconds one task script may run.
 TIMEOUT_S = 900
 
@@ -117,11 +122,7 @@ def task_command(root: Path, task: str, length: int, samples: int, seed: int, to
                  save_dir: Path) -> list[str]:
     """The command ``prepare.py`` runs for ``task`` (its template, answer prefix and arguments), with ``seed``."""
     # RULER's generator and its config reader: the optional `ruler` extra
-    import yaml
-    from long_context_eval.data.synthetic.constants import TASKS
-    config = yaml.safe_load((root / "synthetic.yaml").read_text())[task]
-    base = TASKS[config["task"]]
-    template = base["template"] + base.get("answer_prefix", "")     # Templates["base"] is "{task_template}"
+    config, base, template = _task_config(root, task)
     cmd = [sys.executable, str(root / "data" / "synthetic" / f"{config['task']}.py"), "--save_dir", str(save_dir),
            "--save_name", task, "--subset", "validation", "--tokenizer_path", str(tokenizer_dir),
            "--tokenizer_type", "hf", "--max_seq_length", str(length),
@@ -132,6 +133,65 @@ def task_command(root: Path, task: str, length: int, samples: int, seed: int, to
     if config["task"] == "qa":
         cmd += ["--pre_samples", "0"]
     return cmd + ["--template", template]
+
+
+def _task_config(root: Path, task: str) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """``synthetic.yaml``'s entry for ``task``, its family's constants and the template prepare.py gives it."""
+    # yaml and RULER's own constants come with the optional `ruler` extra and the generator package
+    import yaml
+    from long_context_eval.data.synthetic.constants import TASKS
+    config = yaml.safe_load((root / "synthetic.yaml").read_text())[task]
+    base = TASKS[config["task"]]
+    return config, base, base["template"] + base.get("answer_prefix", "")     # Templates["base"]: "{task_template}"
+
+
+def hotpotqa_prompt_tokens(root: Path, tokenizer: Any, template: str, samples: int, seed: int,
+                           tokens_to_generate: int) -> list[int]:
+    """The fewest tokens RULER's ``qa.py`` can give each of the first ``samples`` HotpotQA samples, answer included.
+
+    ``qa.py`` lowers a sample's documents 10 at a time down to 10, and a HotpotQA question comes with 10 of its
+    own (its gold and distractor paragraphs), so its shortest prompt is those 10, in the order its seed
+    shuffles them, formatted as ``qa.py`` formats them and counted as it counts (``tokenizer.tokenize``). A
+    sample whose shortest prompt is longer than the length asked for never fits, and ``qa.py`` retries it
+    forever (its bare ``except`` loops once the documents are down to 10).
+    """
+    data = json.loads((root / "data" / "synthetic" / "json" / "hotpotqa.json").read_text())
+    counts = []
+    for d in data[:samples]:
+        own = [f"{t}\n{''.join(p)}" for t, p in d["context"]]
+        if len(own) < QA_FEWEST_DOCUMENTS:    # qa.py adds random documents: a retry can fit
+            counts.append(0)
+            continue
+        random.Random(seed).shuffle(own)
+        context = "\n\n".join(f"Document {i + 1}:\n{doc}" for i, doc in enumerate(own))
+        text = template.format(context=context, query=d["question"])
+        counts.append(len(tokenizer.tokenize(text)) + tokens_to_generate)
+    return counts
+
+
+def check_hotpotqa_fits(request: RulerGeneration, tokenizer: Any, root: Path) -> None:
+    """Refuse a HotpotQA task (``qa_2``) at a length one of its samples cannot fit (:func:`hotpotqa_prompt_tokens`).
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the task, the length, the first sample that does not fit and the length that fits them all.
+    """
+    for task in request.tasks:
+        config, base, template = _task_config(root, task)
+        if config["task"] != "qa" or config["args"].get("dataset") != "hotpotqa":
+            continue
+        counts = hotpotqa_prompt_tokens(root, tokenizer, template, request.samples, request.seed,
+                                        base["tokens_to_generate"])
+        for length in request.lengths:
+            over = [(k, n) for k, n in enumerate(counts) if n > length]
+            if over:
+                k, n = over[0]
+                raise HeadprobeError(
+                    f"--ruler-tasks {task} --lengths {length}: sample {k}'s own {QA_FEWEST_DOCUMENTS} HotpotQA "
+                    f"documents make a prompt of {n} tokens with the answer, and RULER's qa.py then retries "
+                    f"forever; give --lengths {max(counts)} or more for these {request.samples} samples, or leave "
+                    f"{task} out")
 
 
 def tokenizer_folder(tokenizer: Any, scratch: Path) -> Path:
@@ -157,6 +217,7 @@ def generate_ruler(request: RulerGeneration, tokenizer: Any, folder: str | Path,
         A task script that fails or runs past ``timeout_s`` seconds (its last line of errors named).
     """
     root = root or generator_root()
+    check_hotpotqa_fits(request, tokenizer, root)
     folder = Path(folder)
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     with tempfile.TemporaryDirectory() as scratch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import subprocess
 import sys
@@ -88,3 +89,24 @@ def test_task_command_is_prepare_pys():
     assert flags["--template"].endswith("What are all the special magic {type_needle_v} for {query} mentioned in "
                                         "the provided text? The special magic {type_needle_v} for {query} mentioned "
                                         "in the provided text are")
+
+
+@needs_generator
+def test_a_hotpotqa_sample_that_cannot_fit_is_refused_at_once_and_the_length_named_fits(tiny_dir, tmp_path):
+    # RULER's qa.py retries forever a sample whose own 10 documents do not fit: refused before it runs, and at
+    # the length the refusal names every sample fits, RULER counting the longest exactly as headprobe did
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_dir)
+    root = rg.generator_root()
+    _, base, template = rg._task_config(root, "qa_2")
+    counts = rg.hotpotqa_prompt_tokens(root, tok, template, 3, 0, base["tokens_to_generate"])
+    longest = max(counts)
+    with pytest.raises(HeadprobeError, match=f"qa_2 --lengths {longest - 1}: sample {counts.index(longest)}'s own "
+                                             f"10 HotpotQA documents .* give --lengths {longest} or more"):
+        rg.generate_ruler(rg.RulerGeneration(("qa_2",), (longest - 1,), 3, 0), tok, tmp_path / "short")
+    assert not (tmp_path / "short").exists()
+    out = rg.generate_ruler(rg.RulerGeneration(("qa_2",), (longest,), 3, 0), tok, tmp_path / "fits", timeout_s=240)
+    rows = [json.loads(line) for line in (out / f"{longest}/qa_2/validation.jsonl").read_text().splitlines()]
+    assert [r["index"] for r in rows] == [0, 1, 2]
+    assert max(r["length"] for r in rows) == longest
