@@ -149,7 +149,8 @@ def _holdout_block(outcome: TuneOutcome, capacity: int) -> tuple[list[dict[str, 
     keys = task.trial_keys(list(outcome.request.split.holdout))
     chosen = outcome.held_as.get(capacity, outcome.chosen[capacity].label)
     rows, best = [], None
-    mine = [s for s in outcome.holdout_settings if s.capacity in (capacity, None)]
+    # a budget-map file (a layer split a user would deploy) has its own capacity: it is shown at every one
+    mine = [s for s in outcome.holdout_settings if s.capacity in (capacity, None) or s.allocation == "map"]
     labels = [s.label for s in mine if store.has(s.label, keys)]
     if chosen not in labels or not keys:
         return [], None
