@@ -74,3 +74,40 @@ def test_each_prompt_runs_at_the_ratio_that_keeps_the_capacity(smollm2, result):
         question = len(ids) - start
         assert t["compression_ratio"] == round(context_ratio(CAPACITY, start, question), 6)
         assert compute_n_kept(start, context_ratio(CAPACITY, start, question)) == CAPACITY - question
+
+
+def test_an_interrupted_run_with_kvpress_settings_resumes_without_redoing_a_finished_trial(smollm2, tmp_path,
+                                                                                           monkeypatch, result):
+    # the run is stopped at its fourth kvpress prompt; the resumed run makes only the trials left and ends with the
+    # answers of the uninterrupted run above
+    from headprobe.eval import setting_run
+
+    folder = tmp_path / "ruler"
+    write_task(folder, "niah_single_1", [niah_row(i, key, value, repeats=24) for i, (key, value) in enumerate(
+        [("quiet-harbour", "4817293"), ("amber-lantern", "6051142"), ("north-meadow", "2390517")])])
+    examples = load_ruler_dir(folder)
+    labels = ["full", "kvpress:none", "kvpress:snapkv"]
+    calls = []
+    real = setting_run.run_press
+
+    def stop_at_the_fourth(*args, **kwargs):
+        calls.append(args[3])
+        if len(calls) == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(setting_run, "run_press", stop_at_the_fourth)
+
+    def run(resume):
+        settings = expand_settings(labels, [CAPACITY])
+        return run_dataset_eval(smollm2, examples, settings, tmp_path / "out.json", max_length=8192,
+                                max_new_tokens=12, answer_task=RulerTask({}, max_new_tokens=12), resume=resume)
+
+    with pytest.raises(KeyboardInterrupt):
+        run(False)
+    assert len(calls) == 4
+    resumed = run(True)
+    assert len(calls) == 4 + 6 - 3          # six kvpress trials in all, three finished before the stop
+    for label in ("kvpress:none", f"kvpress:snapkv@{CAPACITY}", "full"):
+        again = [t["response"] for t in next(c for c in resumed.cells if c["setting"] == label)["trials"]]
+        assert again == [t["response"] for t in _trials(result, label)], label
