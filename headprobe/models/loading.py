@@ -195,6 +195,8 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     from transformers import AutoModelForCausalLM
 
     resolved = resolve_model(model)
+    if resolved.spec is not None:
+        check_transformers_for(resolved.spec)
     if dtype not in DTYPES:
         raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPES)}")
     asked_for_cpu = device == "cpu"
@@ -213,6 +215,27 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     if not asked_for_cpu:
         _warn_if_large_on_cpu(torch, lm)
     return lm
+
+
+def check_transformers_for(spec: ModelSpec, version: str | None = None) -> None:
+    """Refuse a model the installed transformers (or ``version``) reads wrong (:attr:`ModelSpec.min_transformers`).
+
+    Raises
+    ------
+    HeadprobeError
+        Naming the model, the release found, what it gets wrong and the release to install.
+    """
+    if spec.min_transformers is None:
+        return
+    # the model stack loads with a model: this runs as one loads
+    import transformers
+    from packaging.version import Version
+
+    found = version or transformers.__version__
+    if Version(found) < Version(spec.min_transformers):
+        raise HeadprobeError(f"{param('model', spec.alias)}: transformers {found} {spec.older_transformers_fault}; "
+                             f"install transformers>={spec.min_transformers} "
+                             f"(pip install 'transformers>={spec.min_transformers}')")
 
 
 def _weights_path(resolved: ResolvedModel, model: str, trust_remote_code: bool) -> str:

