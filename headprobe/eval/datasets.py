@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..errors import HeadprobeError, param
+from ..files.trial_log import TrialLog
 from ..haystack.prompt_format import prompt_format_of
 from ..haystack.qa_data import ContextFields, open_dataset, read_rows  # noqa: F401 (open_dataset: its earlier home)
 from ..library_bridges.press_settings import KVPRESS
@@ -97,7 +98,9 @@ def run_dataset_eval(lm: LoadedModel, examples: list[QAExample], settings: list[
     ``share_prefill``), examples are outer and settings inner, and one recorded prompt forward per example
     serves them all (:mod:`headprobe.runtime.shared_prefill`: the same answers and bytes); their cells are
     logged together once every example is answered. Otherwise settings are outer and each cell is logged as
-    soon as its setting has answered every example.
+    soon as its setting has answered every example. Either way each answer is also appended, as it comes,
+    to an example log beside the result (:func:`example_log_path`): a run stopped half-way resumes from it
+    without answering again what it answered, and the log is removed once every cell is in the cell log.
 
     Outputs are handled as in :func:`~headprobe.eval.runner.run_eval` (``figures``: the figures the
     caller draws from the result); ``budgets`` are budgets already resolved by setting label (the default
@@ -120,21 +123,33 @@ def run_dataset_eval(lm: LoadedModel, examples: list[QAExample], settings: list[
     form = prompt_format_of(lm.tokenizer, chat_template)
     cells = _dataset_log(lm, out, examples, settings, dataset_name, max_length, max_new_tokens, form, answer_task,
                          resume, force, figures)
-    with cells:
+    with cells, TrialLog(example_log_path(out), cells.log.settings, resume=resume, force=force) as answered:
         pending = [s for s in settings if not cells.resumed(cell_id(s, max_length, None))]
         if progress and len(pending) < len(settings):
             progress(len(examples) * (len(settings) - len(pending)))
         stop_at_line = answer_task.task_record(form).get("scored") == "first line"
         if share_prefill and sum(shares_prefill(s) for s in pending) > 1:
             cells.add(_answer_sharing_prefill(lm, examples, prompts, pending, budgets, max_length, max_new_tokens,
-                                              form, progress, answer_task, spans))
+                                              form, progress, answer_task, spans, answered))
         else:
             for s in pending:
-                trials = [_trial(ex, ids, run, form, answer_task) for ex, ids, run in
-                          _answers_of(lm, s, budgets[s.label], examples, prompts, spans, answer_task, max_new_tokens,
-                                      stop_at_line, progress)]
+                trials = list(_answers_of(lm, s, budgets[s.label], examples, prompts, spans, answer_task,
+                                          max_new_tokens, stop_at_line, progress, form, answered))
                 cells.add([cell_record(s, max_length, None, trials)])
-        return cells.finish()
+        result = cells.finish()
+    example_log_path(out).unlink(missing_ok=True)      # every answer is in the cell log now
+    return result
+
+
+def example_log_path(out: str | Path) -> Path:
+    """``<dir>/<stem>.examples.jsonl`` beside the result JSON ``out``: the answers of a dataset run not yet
+    logged as whole cells, one ``{"trial": "SETTING|EXAMPLE", "answer": TRIAL}`` a line."""
+    out = Path(out)
+    return out.with_name(out.stem + ".examples.jsonl")
+
+
+def _answer_id(setting: EvalSetting, ex: QAExample) -> str:
+    return f"{setting.label}|{ex.id}"
 
 
 def _dataset_log(lm: LoadedModel, out: str | Path, examples: list[QAExample], settings: list[EvalSetting],
@@ -162,14 +177,17 @@ def _check_windows(settings: list[EvalSetting]) -> None:
 
 def _answers_of(lm: LoadedModel, setting: EvalSetting, budget: Any, examples: list[QAExample], prompts: list[list[int]],
                 spans: list[tuple[int, int] | None], answer_task: Any, max_new_tokens: int, stop_at_line: bool,
-                progress: Callable[[int], None] | None) -> Iterator[tuple[QAExample, list[int], Any]]:
-    """Each example answered under one setting alone (prompt forward included): ``(example, ids, run)``."""
+                progress: Callable[[int], None] | None, form: str, answered: TrialLog) -> Iterator[dict[str, Any]]:
+    """Each example's trial under one setting alone (prompt forward included), taken from ``answered`` when
+    it is there and appended to it when it is new."""
     for ex, ids, span in zip(examples, prompts, spans, strict=True):
-        run = run_setting(lm, ids, setting, budget, answer_task.new_tokens(ex, max_new_tokens),
-                          question_span=span, stop_at_line=stop_at_line)
+        if _answer_id(setting, ex) not in answered:
+            run = run_setting(lm, ids, setting, budget, answer_task.new_tokens(ex, max_new_tokens),
+                              question_span=span, stop_at_line=stop_at_line)
+            answered.append({"trial": _answer_id(setting, ex), "answer": _trial(ex, ids, run, form, answer_task)})
         if progress:
             progress(1)
-        yield ex, ids, run
+        yield answered.done[_answer_id(setting, ex)]["answer"]
 
 
 def _question_spans(lm: LoadedModel, examples: list[Any], prompts: list[list[int]], settings: list[EvalSetting],
@@ -202,18 +220,26 @@ def _answer_sharing_prefill(lm: LoadedModel, examples: list[QAExample], prompts:
                             settings: list[EvalSetting], budgets: dict[str, Any], max_length: int,
                             max_new_tokens: int, form: str,
                             progress: Callable[[int], None] | None, answer_task: Any,
-                            spans: list[tuple[int, int] | None]) -> list[dict[str, Any]]:
+                            spans: list[tuple[int, int] | None], answered: TrialLog) -> list[dict[str, Any]]:
     """Every example under every setting, examples outer: one recorded prompt forward per example serves
-    the settings that prefill with plain attention. Returns one cell record per setting, in their order."""
+    the settings that prefill with plain attention; answers already in ``answered`` are taken from it, new
+    ones appended to it. Returns one cell record per setting, in their order."""
     trials: dict[str, list[dict[str, Any]]] = {s.label: [] for s in settings}
     stop_at_line = answer_task.task_record(form).get("scored") == "first line"
     for ex, ids, span in zip(examples, prompts, spans, strict=True):
-        prefill = record_prefill(lm, input_ids=torch.tensor([ids]))
-        runs = run_settings(lm, ids, [(s, budgets[s.label]) for s in settings],
-                            answer_task.new_tokens(ex, max_new_tokens), prefill, span, stop_at_line=stop_at_line)
-        for s, run in zip(settings, runs, strict=True):
-            trials[s.label].append(_trial(ex, ids, run, form, answer_task))
+        todo = [s for s in settings if _answer_id(s, ex) not in answered]
+        runs = {}
+        if todo:
+            prefill = record_prefill(lm, input_ids=torch.tensor([ids]))
+            runs = dict(zip([s.label for s in todo], run_settings(
+                lm, ids, [(s, budgets[s.label]) for s in todo], answer_task.new_tokens(ex, max_new_tokens), prefill,
+                span, stop_at_line=stop_at_line), strict=True))
+            del prefill
+        for s in settings:
+            if s.label in runs:
+                answered.append({"trial": _answer_id(s, ex), "answer": _trial(ex, ids, runs[s.label], form,
+                                                                             answer_task)})
+            trials[s.label].append(answered.done[_answer_id(s, ex)]["answer"])
             if progress:
                 progress(1)
-        del prefill
     return [cell_record(s, max_length, None, trials[s.label]) for s in settings]

@@ -121,8 +121,8 @@ def test_dataset_settings_share_each_prompt_forward_with_the_same_cells(tiny_lla
 
 
 def test_a_dataset_run_resumes_only_the_settings_not_logged(tiny_llama, tmp_path, monkeypatch):
-    """A run stopped after its first setting's cell was logged answers only the second setting's examples
-    when resumed, and its result equals an uninterrupted run's."""
+    """A run stopped after its first setting's cell was logged, and one answer of the second, answers only the
+    second setting's other examples when resumed, and its result equals an uninterrupted run's."""
     import datasets
 
     from headprobe.eval import datasets as dataset_eval
@@ -155,9 +155,53 @@ def test_a_dataset_run_resumes_only_the_settings_not_logged(tiny_llama, tmp_path
     ticks = []
     resumed = run_dataset_eval(tiny_llama, examples, first, out, max_length=200, max_new_tokens=MAX_NEW,
                                chat_template=False, resume=True, share_prefill=False, progress=ticks.append)
-    assert answered == [first[1].label] * len(examples)           # the logged setting was not answered again
+    # neither the logged setting nor the second setting's first answer (in the example log) is answered again
+    assert answered == [first[1].label] * (len(examples) - 1)
+    assert not dataset_eval.example_log_path(out).exists()          # its answers are in the cell log now
     assert sum(ticks) == len(examples) * len(first) and resumed.complete
     assert [c["setting"] for c in resumed.cells] == [s.label for s in first]
+    for a, b in zip(resumed.cells, whole.cells, strict=True):
+        assert [t["response"] for t in a["trials"]] == [t["response"] for t in b["trials"]]
+        assert a["accuracy"] == b["accuracy"]
+
+
+def test_a_shared_prefill_run_stopped_half_way_resumes_from_its_answered_examples(tiny_llama, tmp_path, monkeypatch):
+    """Examples outer, settings inner: nothing is a whole cell until the last example, so the answers logged one
+    by one are what a stopped run keeps; resumed, only the examples not answered get a prompt forward, and the
+    result equals an uninterrupted run's."""
+    import datasets
+
+    from headprobe.eval import datasets as dataset_eval
+
+    rows = {key: values * 2 for key, values in ROWS.items()} | {"_id": ["q1", "q2", "q3", "q4"]}
+    examples = load_qa_dataset(datasets.Dataset.from_dict(rows))
+    settings = expand_settings(["full", "snapkv[window=8]", "streaming"], [16])
+    whole = run_dataset_eval(tiny_llama, examples, settings, tmp_path / "whole.json", max_length=200,
+                             max_new_tokens=MAX_NEW, chat_template=False)
+    forwards = []
+    real = dataset_eval.record_prefill
+
+    def counting(*args, **kwargs):
+        forwards.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(dataset_eval, "record_prefill", counting)
+
+    def stop_after_two_examples(_n):
+        if len(forwards) == 3:
+            raise KeyboardInterrupt
+
+    out = tmp_path / "r.json"
+    with pytest.raises(KeyboardInterrupt):
+        run_dataset_eval(tiny_llama, examples, settings, out, max_length=200, max_new_tokens=MAX_NEW,
+                         chat_template=False, progress=stop_after_two_examples)
+    log = dataset_eval.example_log_path(out)
+    assert len(log.read_text().splitlines()) == 1 + 2 * len(settings) + 1   # header, two examples, the third's first
+    forwards.clear()
+    resumed = run_dataset_eval(tiny_llama, examples, settings, out, max_length=200, max_new_tokens=MAX_NEW,
+                               chat_template=False, resume=True)
+    assert len(forwards) == len(examples) - 2           # the third example's other settings still needed its forward
+    assert resumed.complete and not log.exists()
     for a, b in zip(resumed.cells, whole.cells, strict=True):
         assert [t["response"] for t in a["trials"]] == [t["response"] for t in b["trials"]]
         assert a["accuracy"] == b["accuracy"]
