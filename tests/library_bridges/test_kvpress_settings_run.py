@@ -78,8 +78,8 @@ def test_each_prompt_runs_at_the_ratio_that_keeps_the_capacity(smollm2, result):
 
 def test_an_interrupted_run_with_kvpress_settings_resumes_without_redoing_a_finished_trial(smollm2, tmp_path,
                                                                                            monkeypatch, result):
-    # the run is stopped at its fourth kvpress prompt; the resumed run makes only the trials left and ends with the
-    # answers of the uninterrupted run above
+    # the run is stopped at its fifth kvpress prompt (kvpress:none's three and kvpress:snapkv's first answered);
+    # the resumed run makes only the two trials left and ends with the answers of the uninterrupted run above
     from headprobe.eval import setting_run
 
     folder = tmp_path / "ruler"
@@ -90,13 +90,13 @@ def test_an_interrupted_run_with_kvpress_settings_resumes_without_redoing_a_fini
     calls = []
     real = setting_run.run_press
 
-    def stop_at_the_fourth(*args, **kwargs):
+    def stop_at_the_fifth(*args, **kwargs):
         calls.append(args[3])
-        if len(calls) == 4:
+        if len(calls) == 5:
             raise KeyboardInterrupt
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(setting_run, "run_press", stop_at_the_fourth)
+    monkeypatch.setattr(setting_run, "run_press", stop_at_the_fifth)
 
     def run(resume):
         settings = expand_settings(labels, [CAPACITY])
@@ -105,9 +105,9 @@ def test_an_interrupted_run_with_kvpress_settings_resumes_without_redoing_a_fini
 
     with pytest.raises(KeyboardInterrupt):
         run(False)
-    assert len(calls) == 4
+    assert len(calls) == 5
     resumed = run(True)
-    assert len(calls) == 4 + 6 - 3          # six kvpress trials in all, three finished before the stop
+    assert calls[5:] == ["snapkv", "snapkv"]        # six kvpress trials in all, four finished before the stop
     for label in ("kvpress:none", f"kvpress:snapkv@{CAPACITY}", "full"):
         again = [t["response"] for t in next(c for c in resumed.cells if c["setting"] == label)["trials"]]
         assert again == [t["response"] for t in _trials(result, label)], label
