@@ -174,13 +174,14 @@ def test_every_command_module_is_registered():
 
 
 def _command_modules_after(code: str) -> list[str]:
-    probe = (f"{code}\nimport sys\n"
-             "print(sorted(m for m in sys.modules if m.startswith('headprobe_cli.cmd_') or m in ('numpy', 'tqdm')))")
+    probe = (f"{code}\nimport json, sys\n"
+             "print(json.dumps(sorted(m for m in sys.modules if m.startswith('headprobe_cli.cmd_') "
+             "or m in ('numpy', 'tqdm'))))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "cli")])}
     proc = subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=300,
                           check=False)
     assert proc.returncode == 0, proc.stderr
-    return eval(proc.stdout.strip().splitlines()[-1])  # a list literal the probe printed
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def test_help_lists_every_command_and_a_command_line_imports_only_its_own_module(capsys):

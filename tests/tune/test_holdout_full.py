@@ -19,16 +19,21 @@ from headprobe.tune import (
 torch.set_num_threads(1)
 
 
-def test_the_full_cache_is_held_out_when_the_presets_leave_it_out(tiny_llama, tmp_path, monkeypatch):
-    install(monkeypatch)
+def _request(presets):
+    """A one-candidate tune at capacity 40 on three needles, r03 held out, with ``presets``; and its items."""
     needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"), ["r01", "r02", "r03"])
     items = headprobe.items_from_needles(needles)
     task = TuneTask("needle", [200], [0.5], {"kind": "needle", "needle_ids": [i.id for i in items]}, items=items,
                     haystack=headprobe.load_haystack())
     space = SearchSpace(policies=("snapkv",), allocations=("uniform",),
                         values={"window": (4,), "kernel_size": (7,), "pooling": ("max",)}, presets=False)
-    request = TuneRequest([40], space, split_items(task.ids, holdout_ids=["r03"]), task,
-                          HalvingRule(eta=3, resamples=100), ["snapkv"], max_new_tokens=2, chat_template=False)
+    return TuneRequest([40], space, split_items(task.ids, holdout_ids=["r03"]), task,
+                       HalvingRule(eta=3, resamples=100), presets, max_new_tokens=2, chat_template=False), items
+
+
+def test_the_full_cache_is_held_out_when_the_presets_leave_it_out(tiny_llama, tmp_path, monkeypatch):
+    install(monkeypatch)
+    request, _ = _request(["snapkv"])
     out = tmp_path / "tune.json"
     outcome = run_tune(tiny_llama, request, out)
     assert outcome.holdout_settings[0].label == "full"
@@ -49,15 +54,7 @@ def test_a_layer_split_is_held_out_beside_the_chosen_setting_and_scores_as_eval_
     split = LayerSplit(model=tiny_llama.identity, engine="vllm", layers=(16, GLOBAL, 16, 16), sink=0, context=200)
     path = tmp_path / "split.json"
     split_budget_map(split).save(path)
-    needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"), ["r01", "r02", "r03"])
-    items = headprobe.items_from_needles(needles)
-    task = TuneTask("needle", [200], [0.5], {"kind": "needle", "needle_ids": [i.id for i in items]}, items=items,
-                    haystack=headprobe.load_haystack())
-    space = SearchSpace(policies=("snapkv",), allocations=("uniform",),
-                        values={"window": (4,), "kernel_size": (7,), "pooling": ("max",)}, presets=False)
-    request = TuneRequest([40], space, split_items(task.ids, holdout_ids=["r03"]), task,
-                          HalvingRule(eta=3, resamples=100), ["full", f"layer_window:{path}"], max_new_tokens=2,
-                          chat_template=False)
+    request, items = _request(["full", f"layer_window:{path}"])
     outcome = run_tune(tiny_llama, request, tmp_path / "tune.json")
     report = write_tune_outputs(tiny_llama, outcome, tmp_path / "tune.json", None)
     rows = {r["label"]: r for r in report["capacities"][0]["holdout"]}
