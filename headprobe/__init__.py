@@ -152,6 +152,7 @@ _API: dict[str, dict[str, str]] = {
         "RulerTask": "eval.ruler_task",
         "format_ruler_scores": "eval.ruler_task",
         "ratio_capacities": "eval.ruler_task",
+        "ruler_points": "eval.ruler_task",
         "ruler_scores": "eval.ruler_task",
         "EvalItem": "eval.items",
         "items_from_babi": "eval.items",
@@ -205,6 +206,7 @@ _API: dict[str, dict[str, str]] = {
     "plots": {
         "ablation_bars": "plots.eval_figures",
         "accuracy_vs_memory": "plots.eval_figures",
+        "ruler_vs_memory": "plots.eval_figures",
         "needle_grid": "plots.eval_figures",
         "PLOT_FORMATS": "plots.profile_figures",
         "budget_heatmap": "plots.profile_figures",

@@ -6,6 +6,7 @@ from pathlib import Path
 
 from .budget_map import BUDGET_FORMAT, BudgetMap
 from .errors import FileFormatError
+from .eval.result import EVAL_FORMAT, EvalResult, format_eval_summary
 from .files.jsonio import read_json
 from .files.trial_log import read_log
 from .layer_split import LayerSplit
@@ -13,13 +14,13 @@ from .probes.aggregate import check_trial_records, read_profile_log
 from .profile import PROFILE_FORMAT, Profile
 
 
-def load_file(path: str | Path) -> Profile | BudgetMap:
-    """Load a profile or a budget map, telling which from the file's ``format``.
+def load_file(path: str | Path) -> Profile | BudgetMap | EvalResult:
+    """Load a profile, a budget map or an eval result, telling which from the file's ``format``.
 
     Raises
     ------
     FileFormatError
-        If the file is neither, or not a valid one.
+        If the file is none of them, or not a valid one.
     """
     obj = read_json(path)
     fmt = obj.get("format") if isinstance(obj, dict) else None
@@ -27,7 +28,10 @@ def load_file(path: str | Path) -> Profile | BudgetMap:
         return Profile.load(path)
     if fmt == BUDGET_FORMAT:
         return BudgetMap.load(path)
-    raise FileFormatError(path, "format", f"expected '{PROFILE_FORMAT}' or '{BUDGET_FORMAT}', found {fmt!r}")
+    if fmt == EVAL_FORMAT:
+        return EvalResult.load(path)
+    raise FileFormatError(path, "format",
+                          f"expected '{PROFILE_FORMAT}', '{BUDGET_FORMAT}' or '{EVAL_FORMAT}', found {fmt!r}")
 
 
 def summarize_file(path: str | Path, top: int = 10) -> list[str]:
@@ -47,6 +51,9 @@ def summarize_file(path: str | Path, top: int = 10) -> list[str]:
     loaded = load_file(path)
     if isinstance(loaded, Profile):
         return _summarize_profile(loaded, path, top)
+    if isinstance(loaded, EvalResult):
+        return [f"{path}: headprobe eval v1, task {loaded.task.get('kind')}, created {loaded.created}",
+                *format_eval_summary(loaded).splitlines()]
     return _summarize_budget(loaded, path)
 
 

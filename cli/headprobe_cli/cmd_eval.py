@@ -212,8 +212,9 @@ def _print_and_plot(args: argparse.Namespace, result, out: Path, ruler, plot: Pa
         print(ruler_summary(result, out))
     print(f"wrote {out}")
     if plot is not None:
-        fig = (headprobe.needle_grid(result) if args.task not in ("dataset", "ruler")
-               else headprobe.accuracy_vs_memory(result))
+        fig = (headprobe.ruler_vs_memory(result) if args.task == "ruler"
+               else headprobe.accuracy_vs_memory(result) if args.task == "dataset"
+               else headprobe.needle_grid(result))
         print(f"wrote {headprobe.save_figure(fig, plot, force=plot in replaceable)}")
     if memory_plot is not None:
         fig = headprobe.accuracy_vs_memory(result)

@@ -56,7 +56,7 @@ def register(p: argparse.ArgumentParser) -> None:
 def run(args) -> int:
     if args.to in SPLIT_TARGETS:
         return _run_split(args)
-    src = hp.load_file(args.input)
+    src = _profile_or_budget(args.input)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if args.to == "duoattention":
@@ -88,11 +88,19 @@ def run(args) -> int:
     return 0
 
 
+def _profile_or_budget(path: str):
+    """The profile or budget map at ``path``; an eval result is refused (nothing in it exports)."""
+    src = hp.load_file(path)
+    if isinstance(src, hp.EvalResult):
+        raise hp.HeadprobeError(f"{path}: an eval result; export takes a profile or a budget map")
+    return src
+
+
 def _run_split(args) -> int:
     """``--to vllm|tensorrt-llm|llama.cpp``: a split file or a layer-split budget map, as the engine reads it."""
     obj = frontend.read_json(args.input)
     fmt = obj.get("format") if isinstance(obj, dict) else None
-    src = hp.LayerSplit.load(args.input) if fmt == "headprobe.layer_split" else hp.load_file(args.input)
+    src = hp.LayerSplit.load(args.input) if fmt == "headprobe.layer_split" else _profile_or_budget(args.input)
     out = hp.write_engine_split(src, args.to, args.output, force=args.force)
     kept = frontend.read_json(out)["keeps"]
     print(f"wrote {Path(out)}")

@@ -9,20 +9,23 @@ import headprobe as hp
 
 from .common_args import LazyChoices, add_force_argument
 
-KINDS = ("auto", "heads", "compare", "retention", "budget")
+KINDS = ("auto", "heads", "compare", "retention", "budget", "eval")
 
 
 def register(p: argparse.ArgumentParser) -> None:
     """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
     p.description = (
-        "Plot one profile (head heatmap or layer-retention curves), two profiles side by side, or "
-        "a budget map. PNG by default; --format svg or a .svg output for SVG."
+        "Plot one profile (head heatmap or layer-retention curves), two profiles side by side, a "
+        "budget map, or an eval result (RULER: score per task against the cache held; a dataset run: "
+        "accuracy against cache memory; needles: the needle grid). PNG by default; --format svg or a .svg "
+        "output for SVG."
     )
     p.epilog = (
         "examples:\n  headprobe plot profiles/smollm2-135m.retrieval_reasoning.json\n"
-        "  headprobe plot r.json r2.json -o compare.png\n  headprobe plot budgets/x.json --format svg"
+        "  headprobe plot r.json r2.json -o compare.png\n  headprobe plot budgets/x.json --format svg\n"
+        "  headprobe plot results/ruler.json"
     )
-    p.add_argument("inputs", nargs="+", help="one or two profile files, or a budget file")
+    p.add_argument("inputs", nargs="+", help="one or two profile files, a budget file or an eval result")
     p.add_argument("--kind", default="auto", choices=KINDS, help="what to draw (default: from the input)")
     p.add_argument("--granularity", default="query", choices=["query", "kv"], help="query or KV heads")
     p.add_argument("--top-k", type=int, default=5, help="heads to box and number")
@@ -39,16 +42,22 @@ def run(args) -> int:
     objs = [hp.load_file(path) for path in args.inputs]
     kind = args.kind
     if kind == "auto":
-        if len(objs) == 2:
+        if isinstance(objs[0], hp.EvalResult):
+            kind = "eval"
+        elif len(objs) == 2:
             kind = "compare"
         elif isinstance(objs[0], hp.BudgetMap):
             kind = "budget"
         else:
             kind = "heads" if objs[0].query_heads is not None else "retention"
+    if (kind == "eval") != any(isinstance(o, hp.EvalResult) for o in objs):
+        raise hp.HeadprobeError("--kind eval takes one eval result; the other kinds take profiles or a budget map")
     need_two = kind == "compare"
     if need_two != (len(objs) == 2):
         raise hp.HeadprobeError("--kind compare takes two profiles; the other kinds take one file")
-    if kind == "budget":
+    if kind == "eval":
+        fig = _eval_figure(objs[0])
+    elif kind == "budget":
         if not isinstance(objs[0], hp.BudgetMap):
             raise hp.HeadprobeError("--kind budget needs a budget file")
         fig = hp.budget_heatmap(objs[0], top_k=args.top_k)
@@ -65,3 +74,14 @@ def run(args) -> int:
     path = hp.save_figure(fig, out, fmt=fmt, force=args.force)
     print(f"wrote {path}")
     return 0
+
+
+def _eval_figure(result):
+    """What ``eval`` draws for the result's task: RULER's per-task scores, a dataset's accuracy against
+    memory, or the needle grid."""
+    task = result.task.get("kind")
+    if task == "ruler":
+        return hp.ruler_vs_memory(result)
+    if task == "dataset":
+        return hp.accuracy_vs_memory(result)
+    return hp.needle_grid(result)

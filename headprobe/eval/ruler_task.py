@@ -144,6 +144,49 @@ def _scores_by_setting(result: Any) -> dict[str, dict[tuple[str, Any], float]]:
     return out
 
 
+def ruler_points(result: Any) -> list[dict[str, Any]]:
+    """What the RULER figure draws: per setting and panel, RULER's score against the cache it held.
+
+    One point per setting and per ``"task@length"`` panel (the run's tasks at each length), plus a panel
+    ``"average"`` (RULER's average over those tasks) when there are several. ``share`` is the bytes the
+    cache held as a share of a full cache of the same tokens, mean over the panel's samples (for a setting
+    that masks, e.g. kvpress's AdaKVPress, the full cache: 1.0); ``ratio`` is the compression ratio the
+    setting's capacity came from (``task.ratios``), ``None`` for a setting with no capacity.
+
+    Returns
+    -------
+    list of dict
+        ``setting``, ``name``, ``capacity``, ``ratio``, ``panel``, ``score`` (0-100, as
+        :func:`ruler_scores`), ``share``, ``full_score`` (the ``full`` setting's score on the panel, or
+        ``None``) and ``kvpress`` (a setting run by kvpress).
+    """
+    ratios = {int(c): float(r) for r, c in (result.task.get("ratios") or {}).items()}
+    settings = {s["label"]: s for s in result.settings}
+    per: dict[str, dict[str, tuple[float, float]]] = {}
+    for cell in result.cells:
+        groups: dict[str, list[tuple[float, float]]] = {}
+        for t in cell["trials"]:
+            panel = f"{t['task']}@{t.get('length')}"
+            groups.setdefault(panel, []).append((t["score"], t["cache_bytes"] / max(t["full_cache_bytes"], 1)))
+        per[cell["setting"]] = {k: (round(float(np.mean([v[0] for v in vals])) * 100, 2),
+                                    float(np.mean([v[1] for v in vals]))) for k, vals in groups.items()}
+        if len(groups) > 1:
+            per[cell["setting"]]["average"] = (
+                ruler_average({k: v[0] for k, v in per[cell["setting"]].items()}),
+                float(np.mean([t["cache_bytes"] / max(t["full_cache_bytes"], 1) for t in cell["trials"]])))
+    full = next((per[s["label"]] for s in result.settings if s["policy"] == "full" and s["label"] in per), {})
+    points = []
+    for label, panels in per.items():
+        s = settings[label]
+        for panel, (score, share) in panels.items():
+            points.append({"setting": label, "name": s["name"], "capacity": s["capacity"],
+                           "ratio": ratios.get(s["capacity"]) if s["capacity"] is not None else None,
+                           "panel": panel, "score": score, "share": share,
+                           "full_score": full[panel][0] if panel in full else None,
+                           "kvpress": s["name"].startswith("kvpress:")})
+    return points
+
+
 def format_ruler_scores(rows: list[dict[str, Any]]) -> str:
     """A text table of :func:`ruler_scores`: setting, task, length, score, the full cache's, the difference."""
     lines = [f"{'setting':<24} {'task':<16} {'length':>6} {'score':>7} {'full':>7} {'diff':>7}"]

@@ -1,4 +1,5 @@
-"""Eval figures: the needle grid (length × depth, one panel per setting) and accuracy versus cache bytes."""
+"""Eval figures: the needle grid (length × depth, one panel per setting), accuracy versus cache bytes, and
+RULER's score per task versus cache bytes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter
 
 from ..eval.result import EvalResult
+from ..eval.ruler_task import ruler_points
 
 #: Red (miss) to green (found), like the needle-in-a-haystack figures of the papers.
 NEEDLE_CMAP = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
@@ -95,6 +97,66 @@ def accuracy_vs_memory(result: EvalResult) -> Figure:
     what = "long-generation fidelity" if longgen else "accuracy"
     ax.set_title(f"{_short(result.model.get('name', ''))}: {what} vs cache memory", fontsize=10)
     fig.tight_layout()
+    return fig
+
+
+def ruler_vs_memory(result: EvalResult, columns: int = 3) -> Figure:
+    """RULER's score against the cache each setting held, one panel per task (and RULER's average).
+
+    Each method is a line over its compression ratios (points labelled with the ratio); kvpress's presses
+    (``kvpress:`` settings, run by kvpress) dashed with square markers beside headprobe's settings; the full
+    cache's score is the ceiling, a dotted line across each panel. The x axis is the bytes the cache held
+    as a share of a full cache of the same tokens (log scale), so a press that masks instead of freeing
+    memory sits at 100 % whatever it attends. The numbers are :func:`headprobe.eval.ruler_task.ruler_points`.
+    """
+    points = ruler_points(result)
+    panels = list(dict.fromkeys(p["panel"] for p in points if p["panel"] != "average"))
+    if any(p["panel"] == "average" for p in points):
+        panels.append("average")
+    names = list(dict.fromkeys(p["name"] for p in points if p["name"] != "full"))
+    colors = dict(zip(names, sns.color_palette("tab10" if len(names) <= 10 else "tab20", len(names)), strict=True))
+    n = max(len(panels), 1)
+    cols = min(columns, n)
+    rows = math.ceil(n / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols + 1.8, 3.6 * rows + 0.6), squeeze=False)
+    for k, ax in enumerate(axes.ravel()):
+        if k >= n:
+            ax.axis("off")
+            continue
+        here = [p for p in points if p["panel"] == panels[k]]
+        full = next((p for p in here if p["name"] == "full"), None)
+        if full is not None:
+            ax.axhline(full["score"], color="black", ls=":", lw=1.2, label="full cache (ceiling)")
+        for name in names:
+            pts = sorted((p for p in here if p["name"] == name), key=lambda p: p["share"])
+            if not pts:
+                continue
+            kv = pts[0]["kvpress"]
+            ax.plot([100 * p["share"] for p in pts], [p["score"] for p in pts], color=colors[name],
+                    marker="s" if kv else "o", ls="--" if kv else "-", lw=1.2, ms=4, label=name)
+            for p in pts:
+                if p["ratio"] is not None:
+                    ax.annotate(f"{p['ratio']:g}", (100 * p["share"], p["score"]), textcoords="offset points",
+                                xytext=(3, 3), fontsize=6, color=colors[name])
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: f"{x:g}%"))
+        ax.xaxis.set_minor_formatter(FuncFormatter(lambda x, _: f"{x:g}%" if f"{x:g}"[0] in "25" else ""))
+        ax.tick_params(axis="both", which="both", labelsize=7)
+        ax.set_ylim(-3, 103)
+        ax.grid(True, alpha=0.3)
+        ax.set_title(panels[k] if panels[k] == "average" else panels[k].replace("@", " at "), fontsize=9)
+        ax.set_xlabel("cache held, share of a full cache (log)", fontsize=8)
+        ax.set_ylabel("RULER score", fontsize=8)
+    handles, labels = {}, []
+    for ax in axes.ravel():
+        for h, lab in zip(*ax.get_legend_handles_labels(), strict=True):
+            if lab not in handles:
+                handles[lab] = h
+                labels.append(lab)
+    fig.legend([handles[lab] for lab in labels], labels, loc="center right", fontsize=7, frameon=False)
+    fig.suptitle(f"{_short(result.model.get('name', ''))}: RULER score vs cache held "
+                 "(labels = compression ratio; dashed = kvpress's presses)", fontsize=10)
+    fig.tight_layout(rect=(0, 0, 1 - 1.8 / (4.6 * cols + 1.8), 1))
     return fig
 
 

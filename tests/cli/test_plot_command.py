@@ -53,3 +53,20 @@ def test_spearman_equals_scipy_with_ties():
         got = spearman(a, b)
         assert (np.isnan(want) and np.isnan(got)) or abs(want - got) < 1e-12
     assert np.isnan(spearman(np.ones(5), np.arange(5.0)))   # a constant side has no ranking
+
+
+def test_plot_of_a_ruler_result_draws_the_ruler_figure_and_other_commands_refuse_it(tmp_path, capsys):
+    from headprobe_cli.main import main
+    from ruler_result import ruler_result
+
+    path = ruler_result().save(tmp_path / "ruler.json")
+    assert main(["plot", str(path)]) == 0
+    assert (tmp_path / "ruler.eval.png").stat().st_size > 10_000
+    assert main(["plot", str(path)]) == 2                      # an existing figure needs --force
+    assert main(["plot", str(path), "--kind", "heads"]) == 2
+    assert main(["inspect", str(path)]) == 0
+    assert "headprobe eval v1, task ruler" in capsys.readouterr().out
+    assert main(["export", str(path), "--to", "duoattention", "-o", str(tmp_path / "duo")]) == 2
+    err = capsys.readouterr().err
+    assert "an eval result; export takes a profile or a budget map" in err
+    assert not (tmp_path / "duo").exists()

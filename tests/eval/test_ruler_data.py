@@ -106,3 +106,22 @@ def test_scores_per_task_with_the_full_cache_beside():
     rows = ruler_scores(EvalResult({}, {}, {}, settings, cells))
     snap = {r["task"]: (r["score"], r["full"]) for r in rows if r["setting"] == "snapkv@64"}
     assert snap == {"niah_single_1": (50.0, 100.0), "qa_1": (0.0, 50.0), "average": (25.0, 75.0)}
+
+
+def test_figure_points_are_rulers_score_per_task_against_the_bytes_held():
+    from ruler_result import ruler_result
+
+    from headprobe.eval.ruler_task import ruler_points
+
+    points = {(p["setting"], p["panel"]): p for p in ruler_points(ruler_result())}
+    assert len(points) == 5 * 3                       # five settings x (two tasks + the average)
+    snap = points[("snapkv@500", "niah_single_1@2048")]
+    assert (snap["score"], snap["full_score"], snap["ratio"], snap["kvpress"]) == (100.0, 100.0, 0.5, False)
+    assert snap["share"] == pytest.approx(0.51, abs=1e-12)           # (520 + 500) / 2 of 1000 bytes
+    assert points[("snapkv@100", "niah_single_1@2048")]["share"] == pytest.approx(0.11, abs=1e-12)
+    assert points[("snapkv@100", "qa_1@2048")]["share"] == pytest.approx(0.1, abs=1e-12)
+    assert (points[("snapkv@100", "average")]["score"], points[("snapkv@100", "average")]["full_score"]) == (25.0, 75.0)
+    assert points[("snapkv@100", "average")]["share"] == pytest.approx(0.105, abs=1e-12)
+    press = points[("kvpress:snapkv@500", "qa_1@2048")]
+    assert (press["score"], press["share"], press["full_score"], press["kvpress"]) == (50.0, 1.0, 50.0, True)
+    assert points[("full", "average")]["ratio"] is None

@@ -158,3 +158,24 @@ def test_scores_near_the_float_range_draw_scaled_with_the_scale_named(tmp_path):
         fig.savefig(tmp_path / "h.png")
         labels = [ax.get_ylabel() for ax in fig.axes]
         assert "score / 1e+308" in labels
+
+
+def test_ruler_figure_draws_each_tasks_score_against_the_bytes_held_with_the_full_cache_as_ceiling(tmp_path):
+    from ruler_result import ruler_result
+
+    from headprobe.plots import ruler_vs_memory
+
+    fig = ruler_vs_memory(ruler_result())
+    panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]
+    assert [ax.get_title() for ax in panels] == ["niah_single_1 at 2048", "qa_1 at 2048", "average"]
+    ceilings = {ax.get_title(): ax.lines[0] for ax in panels}
+    assert ceilings["qa_1 at 2048"].get_ydata()[0] == 50.0 and ceilings["qa_1 at 2048"].get_linestyle() == ":"
+    assert ceilings["average"].get_ydata()[0] == 75.0
+    lines = {(ax.get_title(), ln.get_label()): ln for ax in panels for ln in ax.lines[1:]}
+    snap = lines[("niah_single_1 at 2048", "snapkv")]
+    assert list(snap.get_xdata()) == pytest.approx([11.0, 51.0]) and list(snap.get_ydata()) == [50.0, 100.0]
+    press = lines[("qa_1 at 2048", "kvpress:snapkv")]                # masks: at 100 % whatever it attends
+    assert list(press.get_xdata()) == [100.0, 100.0] and press.get_linestyle() == "--" and press.get_marker() == "s"
+    assert snap.get_linestyle() == "-" and snap.get_marker() == "o"
+    assert all(ax.get_xscale() == "log" for ax in panels)
+    rendered(save_figure(fig, tmp_path / "ruler.png"))
