@@ -8,11 +8,15 @@ prefix, its ``synthetic.yaml`` arguments and tokens to generate) with one differ
 ``FOLDER/LENGTH/TASK/validation.jsonl``, which :func:`headprobe.eval.ruler_data.load_ruler_dir` reads.
 
 The essay-haystack tasks split the essays into sentences with NLTK's ``punkt_tab`` data, which the package
-does not ship: they are refused unless NLTK finds it (``NLTK_DATA`` or NLTK's own folders).
+does not ship and NLTK downloads from outside the package registries. The ``llama-index-core`` wheel ships
+NLTK's data folder with ``punkt_tab`` in it (``llama_index/core/_static/nltk_cache``): installed with
+``--no-deps`` it is a folder of files, never imported, and the task scripts get it through ``NLTK_DATA``.
+Without either (NLTK's own folders or that package) the essay tasks are refused.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -37,6 +41,12 @@ INSTALL = f"pip install 'headprobe[ruler]' && pip install --no-deps {PACKAGE}=={
 GENERATOR_IMPORTS = {"nltk": "nltk", "wonderwords": "wonderwords", "tenacity": "tenacity", "yaml": "pyyaml"}
 #: Tasks whose haystack is the essays, split into sentences by NLTK's punkt_tab.
 ESSAY_TASKS = ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multivalue", "niah_multiquery")
+#: A PyPI package whose wheel holds NLTK's data folder with punkt_tab, and where in it (checked with 0.14.25).
+PUNKT_PACKAGE = "llama-index-core"
+PUNKT_PACKAGE_DATA = "llama_index/core/_static/nltk_cache"
+PUNKT_INSTALL = f"pip install --no-deps {PUNKT_PACKAGE}==0.14.25"
+#: Where NLTK looks for punkt_tab's English tables, below a data folder.
+PUNKT_ENGLISH = "tokenizers/punkt_tab/english/"
 #: Shortest length generated: below it RULER's fitting loops may never fit a prompt.
 MIN_LENGTH = 512
 #: The fewest documents RULER's qa.py puts in a prompt (its step, ``incremental``).
@@ -78,16 +88,36 @@ def generator_root() -> Path:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def punkt_tab_folder() -> Path | None:
+    """The NLTK data folder that :data:`PUNKT_PACKAGE` installs, when it holds punkt_tab's English tables
+    (found through the package's file list: nothing is imported)."""
+    try:
+        folder = Path(importlib.metadata.distribution(PUNKT_PACKAGE).locate_file(PUNKT_PACKAGE_DATA))
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return folder if (folder / PUNKT_ENGLISH).is_dir() else None
+
+
 def has_punkt_tab() -> bool:
-    """Whether NLTK finds its ``punkt_tab`` sentence data (English)."""
+    """Whether NLTK's ``punkt_tab`` sentence data (English) is here: in NLTK's own folders (``NLTK_DATA``
+    included) or in :func:`punkt_tab_folder`."""
     # nltk comes with the optional `ruler` extra
     import nltk
 
     try:
-        nltk.data.find("tokenizers/punkt_tab/english/")
+        nltk.data.find(PUNKT_ENGLISH)
     except LookupError:
-        return False
+        return punkt_tab_folder() is not None
     return True
+
+
+def script_env() -> dict[str, str]:
+    """The task scripts' environment: offline, and :func:`punkt_tab_folder` after NLTK's own folders."""
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    folder = punkt_tab_folder()
+    if folder is not None:
+        env["NLTK_DATA"] = os.pathsep.join(p for p in (env.get("NLTK_DATA"), str(folder)) if p)
+    return env
 
 
 def check_ruler_generation(request: RulerGeneration, max_context: int | None) -> Path:
@@ -113,8 +143,8 @@ def check_ruler_generation(request: RulerGeneration, max_context: int | None) ->
     essays = [t for t in request.tasks if t in ESSAY_TASKS]
     if essays and not has_punkt_tab():
         raise HeadprobeError(f"--ruler-tasks {' '.join(essays)}: RULER splits the essays with NLTK's 'punkt_tab' "
-                             "data, which no installed package provides; put it where NLTK finds it (NLTK_DATA) "
-                             "or leave these tasks out")
+                             f"data, which NLTK does not find here: {PUNKT_INSTALL} (its wheel holds NLTK's "
+                             "punkt_tab), or put it where NLTK finds it (NLTK_DATA), or leave these tasks out")
     return root
 
 
@@ -219,7 +249,7 @@ def generate_ruler(request: RulerGeneration, tokenizer: Any, folder: str | Path,
     root = root or generator_root()
     check_hotpotqa_fits(request, tokenizer, root)
     folder = Path(folder)
-    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = script_env()
     with tempfile.TemporaryDirectory() as scratch:
         tok_dir = tokenizer_folder(tokenizer, Path(scratch))
         for length in request.lengths:

@@ -70,9 +70,32 @@ def test_refusals_before_any_model_loads(monkeypatch):
 
 
 @needs_generator
+@pytest.mark.slow
+@pytest.mark.skipif(rg.punkt_tab_folder() is None, reason=f"NLTK's punkt_tab from a package: {rg.PUNKT_INSTALL}")
+def test_essay_tasks_run_with_the_punkt_tab_a_package_ships_and_nltk_alone_does_not_find(smollm2, tmp_path,
+                                                                                          monkeypatch):
+    monkeypatch.delenv("NLTK_DATA", raising=False)
+    own = subprocess.run([sys.executable, "-c", f"import nltk; nltk.data.find({rg.PUNKT_ENGLISH!r})"],
+                         capture_output=True, check=False)
+    request = rg.RulerGeneration(("niah_single_2",), (1024,), 2, 0)
+    assert rg.check_ruler_generation(request, 8192) == rg.generator_root()
+    folder = rg.generate_ruler(request, smollm2.tokenizer, tmp_path / "r", timeout_s=240)
+    examples = load_ruler_dir(folder)
+    assert [e.id for e in examples] == ["niah_single_2/1024/0", "niah_single_2/1024/1"]
+    for e in examples:
+        assert e.outputs[0] in e.context                                   # the needle's number in the haystack
+        assert "The grass is green" not in e.context                       # the essays, not niah_single_1's filler
+        assert e.context.count(". ") > 20                                  # sentences of prose
+    if own.returncode == 0:
+        pytest.skip("NLTK finds punkt_tab by itself here: the package folder was not needed")
+    assert rg.script_env()["NLTK_DATA"].endswith(rg.PUNKT_PACKAGE_DATA)
+
+
+@needs_generator
 def test_essay_tasks_refused_without_punkt_tab(monkeypatch):
     monkeypatch.setattr(rg, "has_punkt_tab", lambda: False)
-    with pytest.raises(HeadprobeError, match="--ruler-tasks niah_single_2 niah_multivalue: .*'punkt_tab'"):
+    with pytest.raises(HeadprobeError, match="--ruler-tasks niah_single_2 niah_multivalue: .*'punkt_tab'.*"
+                                             r"pip install --no-deps llama-index-core==0\.14\.25"):
         rg.check_ruler_generation(rg.RulerGeneration(("niah_single_1", "niah_single_2", "niah_multivalue"), (1024,), 1, 0),
                          8192)
     rg.check_ruler_generation(rg.RulerGeneration(("niah_single_1", "vt", "cwe", "qa_1"), (1024,), 1, 0), 8192)
