@@ -154,7 +154,7 @@ def ruler_vs_memory(result: EvalResult, columns: int = 3) -> Figure:
                 handles[lab] = h
                 labels.append(lab)
     fig.legend([handles[lab] for lab in labels], labels, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(f"{_short(result.model.get('name', ''))}: RULER score vs cache held "
+    fig.suptitle(f"{_short(result.model.get('name', ''))}: RULER score vs cache held\n"
                  "(labels = compression ratio; dashed = kvpress's presses)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.8 / (4.6 * cols + 1.8), 1))
     return fig
