@@ -134,14 +134,26 @@ def ruler_scores(result: Any) -> list[dict[str, Any]]:
     return rows
 
 
+def _task_trials(cell: dict[str, Any]) -> dict[tuple[str, Any], list[dict[str, Any]]]:
+    """A cell's trials by (task, length), in the order they come."""
+    groups: dict[tuple[str, Any], list[dict[str, Any]]] = {}
+    for t in cell["trials"]:
+        groups.setdefault((t["task"], t.get("length")), []).append(t)
+    return groups
+
+
+def _score(trials: list[dict[str, Any]]) -> float:
+    """RULER's score of some trials: the mean sample score times 100, rounded to 2."""
+    return round(float(np.mean([t["score"] for t in trials])) * 100, 2)
+
+
+def _share(trials: list[dict[str, Any]]) -> float:
+    """The bytes the cache held as a share of a full cache of the same tokens, mean over ``trials``."""
+    return float(np.mean([t["cache_bytes"] / max(t["full_cache_bytes"], 1) for t in trials]))
+
+
 def _scores_by_setting(result: Any) -> dict[str, dict[tuple[str, Any], float]]:
-    out: dict[str, dict[tuple[str, Any], float]] = {}
-    for cell in result.cells:
-        groups: dict[tuple[str, Any], list[float]] = {}
-        for t in cell["trials"]:
-            groups.setdefault((t["task"], t.get("length")), []).append(t["score"])
-        out[cell["setting"]] = {k: round(float(np.mean(v)) * 100, 2) for k, v in groups.items()}
-    return out
+    return {cell["setting"]: {k: _score(v) for k, v in _task_trials(cell).items()} for cell in result.cells}
 
 
 def ruler_points(result: Any) -> list[dict[str, Any]]:
@@ -164,16 +176,11 @@ def ruler_points(result: Any) -> list[dict[str, Any]]:
     settings = {s["label"]: s for s in result.settings}
     per: dict[str, dict[str, tuple[float, float]]] = {}
     for cell in result.cells:
-        groups: dict[str, list[tuple[float, float]]] = {}
-        for t in cell["trials"]:
-            panel = f"{t['task']}@{t.get('length')}"
-            groups.setdefault(panel, []).append((t["score"], t["cache_bytes"] / max(t["full_cache_bytes"], 1)))
-        per[cell["setting"]] = {k: (round(float(np.mean([v[0] for v in vals])) * 100, 2),
-                                    float(np.mean([v[1] for v in vals]))) for k, vals in groups.items()}
+        groups = _task_trials(cell)
+        panels = {f"{task}@{length}": (_score(ts), _share(ts)) for (task, length), ts in groups.items()}
         if len(groups) > 1:
-            per[cell["setting"]]["average"] = (
-                ruler_average({k: v[0] for k, v in per[cell["setting"]].items()}),
-                float(np.mean([t["cache_bytes"] / max(t["full_cache_bytes"], 1) for t in cell["trials"]])))
+            panels["average"] = (ruler_average({k: v[0] for k, v in panels.items()}), _share(cell["trials"]))
+        per[cell["setting"]] = panels
     full = next((per[s["label"]] for s in result.settings if s["policy"] == "full" and s["label"] in per), {})
     points = []
     for label, panels in per.items():
