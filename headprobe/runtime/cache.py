@@ -14,6 +14,7 @@ line (``docs/runtime.md``, "How it plugs into transformers").
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -56,13 +57,26 @@ class PendingKV:
     It only carries the layer to the ``headprobe`` attention function. Used as a tensor (an attribute
     such as ``.shape``, an operator, or a torch function such as ``torch.cat``), it raises
     :class:`~headprobe.errors.HeadprobeError` with one line instead of letting the model compute garbage.
+
+    It holds its cache and layer by weak reference: the layer keeps its handle, so strong references would
+    make every cache a reference cycle, whose buffers only Python's cycle collector frees, late and in
+    bulk (a long eval then held one dead cache per answer until memory ran out). With weak ones a cache's
+    memory is freed as soon as the last reference to the cache goes.
     """
 
-    __slots__ = ("cache", "layer")
+    __slots__ = ("_cache", "_layer")
 
     def __init__(self, cache: CompressedCache, layer: CompressedLayer) -> None:
-        self.cache = cache
-        self.layer = layer
+        self._cache = weakref.ref(cache)
+        self._layer = weakref.ref(layer)
+
+    @property
+    def cache(self) -> CompressedCache:
+        return self._cache()
+
+    @property
+    def layer(self) -> CompressedLayer:
+        return self._layer()
 
     def __getattr__(self, name: str) -> Any:
         raise HeadprobeError(_misuse(self.layer.layer_idx, f".{name}"))
