@@ -114,9 +114,7 @@ def run_dataset_eval(lm: LoadedModel, examples: list[QAExample], settings: list[
         not replace, a log made with other settings, or a log another run writes to.
     """
     answer_task = answer_task or LongBenchQA()
-    check_count("max_new_tokens", max_new_tokens)
-    check_count("max_length", max_length)
-    _check_windows(settings)
+    _check_request(settings, max_length, max_new_tokens)
     budgets = resolve_budgets(lm, settings, known=budgets)
     prompts = [answer_task.prompt_ids(lm.tokenizer, ex, max_length, chat_template) for ex in examples]
     spans = _question_spans(lm, examples, prompts, settings, answer_task, chat_template)
@@ -167,8 +165,11 @@ def _dataset_log(lm: LoadedModel, out: str | Path, examples: list[QAExample], se
     return cells
 
 
-def _check_windows(settings: list[EvalSetting]) -> None:
-    """Refuse a question window: a dataset's prompt does not say where its question is."""
+def _check_request(settings: list[EvalSetting], max_length: int, max_new_tokens: int) -> None:
+    """Refuse a count below one and a question window (a dataset's prompt does not say where its question
+    is)."""
+    check_count("max_new_tokens", max_new_tokens)
+    check_count("max_length", max_length)
     for s in settings:
         if s.question_window:
             raise HeadprobeError(f"setting {s.label}: window=question needs a prompt whose question the harness "
