@@ -12,7 +12,6 @@ import gc
 import weakref
 
 import pytest
-import torch
 
 from headprobe.runtime import POLICIES, generate_compressed, record_prefill
 from headprobe.runtime.settings_batch import CacheSetting, generate_settings
@@ -56,4 +55,3 @@ def test_batched_settings_and_their_recorded_prefill_are_freed(tiny_llama, no_cy
     refs = [weakref.ref(prefill)] + [weakref.ref(g.result.cache) for g in made]
     del prefill, made
     assert [r() is None for r in refs] == [True] * len(refs)
-    assert torch.is_grad_enabled()
