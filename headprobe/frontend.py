@@ -4,8 +4,9 @@
 file types). A front end also parses flag values, checks a command's outputs before the model loads (so a
 refusal costs nothing), writes files atomically without replacing a user's file, and works out a command's
 plan (its grid, the profiles it will read, the model's shape from its config). Those helpers are here, named
-and grouped like the public API, so that the command line reaches the library through exactly two modules
-and nothing else. Names are imported on first use, as in :mod:`headprobe`.
+and grouped like the public API: the command line uses the names of :mod:`headprobe` and of this module and
+nothing else (it imports each from the module that defines it, so that tools can follow the call; a test
+checks that every such name is one of these). Names are imported on first use, as in :mod:`headprobe`.
 """
 
 from __future__ import annotations

@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import headprobe
-from headprobe import HeadprobeError, frontend
+from headprobe.allocation.api import newest_profile
+from headprobe.errors import HeadprobeError
+from headprobe.eval.items import items_from_needles
+from headprobe.files.jsonio import atomic_write_json, check_writable_dir
+from headprobe.haystack.corpus import load_haystack
+from headprobe.haystack.needles import load_needles, shipped_needle_file
+from headprobe.limits import check_count
+from headprobe.probes import trial_grid
+from headprobe.profile import Profile
 
 from .common_args import (
     add_loading_arguments,
@@ -20,6 +28,9 @@ from .common_args import (
     resolve_prompt_format,
 )
 from .progress import tqdm_progress
+
+if TYPE_CHECKING:
+    from headprobe.distributed.ranks import Ranks
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
 FLAGS = {"ks": "--k"}
@@ -56,50 +67,66 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.ranks import process_group
+
+    with process_group(args.device) as ranks:     # one process unless started by torchrun
         return _ablate(args, ranks)
 
 
-def _ablate(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
+def _ablate(args: argparse.Namespace, ranks: Ranks) -> int:
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.ablation_ranks import run_ablation_on_ranks
+    from headprobe.eval.ablation import ablation_log_path, check_ablation_outputs, format_ablation
+
     out = Path(args.out)
-    log = frontend.ablation_log_path(out)
+    log = ablation_log_path(out)
     mine = ranks.part_path(log)                              # each rank keeps its own under torchrun
     if mine != log and mine.exists() and not (args.force or args.resume):
         raise HeadprobeError(f"{mine} exists; pass --resume to continue or --force to start over")
-    frontend.check_writable_dir(out.parent if str(out.parent) else Path("."))
-    frontend.check_count("max_new_tokens", args.max_new_tokens)
+    check_writable_dir(out.parent if str(out.parent) else Path("."))
+    check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)
     plot = output_figure(args.plot, out)
     if ranks.is_main:   # the merged outputs are rank 0's to write; every rank checks its own log below
-        frontend.check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
+        check_ablation_outputs(out, [plot] if plot else [], resume=args.resume, force=args.force)
     # what is there now this run may replace (the check allowed it); what another run writes meanwhile is refused
     replaceable = {f for f in (out, plot) if f is not None and (args.force or f.exists())}
     if any(k < 1 for k in args.k):
         raise HeadprobeError(f"--k {args.k}: expected positive numbers of heads")
-    path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
-    items = headprobe.items_from_needles(headprobe.load_needles(path, args.needle_ids))
-    haystack = headprobe.load_haystack(args.haystack)
-    depths = frontend.trial_grid.parse_depths(args.depths)
-    profile = headprobe.Profile.load(args.profile) if args.profile else None
+    path = args.needles or str(shipped_needle_file("retrieval"))
+    items = items_from_needles(load_needles(path, args.needle_ids))
+    haystack = load_haystack(args.haystack)
+    depths = trial_grid.parse_depths(args.depths)
+    profile = Profile.load(args.profile) if args.profile else None
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
     if profile is None:
-        profile = headprobe.newest_profile(lm.identity, args.kind).profile
+        profile = newest_profile(lm.identity, args.kind).profile
     runs = ranks.mine(range(1 + 2 * len(set(args.k))))          # baseline, top-k and random-k: those run here
     trials = len(items) * len(args.lengths) * len(depths) * len(runs)
     progress = tqdm_progress(trials, "ablate") if ranks.is_main else None     # bars on rank 0 only
-    result = headprobe.run_ablation_on_ranks(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
-                                             ranks, args.seed, args.max_new_tokens, chat_template,
-                                             progress, log_path=log, resume=args.resume, force=args.force)
+    result = run_ablation_on_ranks(lm, profile, list(args.k), items, list(args.lengths), depths, haystack,
+                                   ranks, args.seed, args.max_new_tokens, chat_template,
+                                   progress, log_path=log, resume=args.resume, force=args.force)
     if result is None:
         rank_note(ranks, f"{len(runs)} runs; log {mine}")
         return 0
     result["needles"] = path
     if plot is not None:      # listed, so that a resumed run may rewrite it
         result["figures"] = [Path(os.path.relpath(plot.resolve(), out.parent.resolve())).as_posix()]
-    frontend.atomic_write_json(out, result, overwrite=out in replaceable)
-    print(headprobe.format_ablation(result))
+    atomic_write_json(out, result, overwrite=out in replaceable)
+    print(format_ablation(result))
     print(f"wrote {out}")
     if plot is not None:      # replacing it was settled by check_ablation_outputs
-        print(f"wrote {headprobe.save_figure(headprobe.ablation_bars(result), plot, force=plot in replaceable)}")
+        print(f"wrote {_save_bars(result, plot, force=plot in replaceable)}")
     return 0
+
+
+def _save_bars(result: dict, plot: Path, force: bool) -> Path:
+    """The accuracy bars of the runs (``--plot``)."""
+    # loads matplotlib: imported when a figure is drawn, not for --help
+    from headprobe.plots.eval_figures import ablation_bars
+    from headprobe.plots.profile_figures import save_figure
+
+    return save_figure(ablation_bars(result), plot, force=force)

@@ -10,8 +10,15 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-import headprobe as hp
-from headprobe import frontend
+from headprobe.allocation.api import allocate, load_profile, profiles_for_method, summarize
+from headprobe.allocation.options import CapacityOptions
+from headprobe.allocation.registry import ALLOCATORS, check_allocator_options
+from headprobe.budget_map import BudgetMap
+from headprobe.errors import HeadprobeError
+from headprobe.files.overwrite import check_overwrite
+from headprobe.models.loading import resolve_model
+from headprobe.models.registry import DEFAULT_MODEL, model_slug
+from headprobe.tool_files.known import identity_for_model
 
 from .common_args import add_force_argument, add_model_argument
 
@@ -19,7 +26,7 @@ from .common_args import add_force_argument, add_model_argument
 def option_infos() -> dict[str, Any]:
     """Every method option by name (an ``OptionInfo``), over the registered methods, in their order."""
     out: dict[str, Any] = {}
-    for allocator in hp.ALLOCATORS.values():
+    for allocator in ALLOCATORS.values():
         for info in allocator.options.infos():
             out.setdefault(info.name, info)
     return out
@@ -27,7 +34,7 @@ def option_infos() -> dict[str, Any]:
 
 def _flags() -> dict[str, str]:
     """Library parameters whose flags are spelled differently (``allow_fallback`` → ``--fallback-uniform``)."""
-    infos = [*hp.CapacityOptions.infos(), *option_infos().values()]
+    infos = [*CapacityOptions.infos(), *option_infos().values()]
     return {i.name: i.flag for i in infos if i.flag != "--" + i.name.replace("_", "-")}
 
 
@@ -50,7 +57,7 @@ def register(p: argparse.ArgumentParser) -> None:
         "Allocate KV-cache budgets per (layer, KV head) from head-score and/or layer-retention "
         "profiles. Without --profile, the newest profiles of the kinds the method reads are used "
         "(the user's profiles folder, where `headprobe profile` writes, then ./profiles, then the shipped ones).\n\nmethods:\n"
-        + "\n".join(f"  {a.name:<10} {a.description}" for a in hp.ALLOCATORS.values())
+        + "\n".join(f"  {a.name:<10} {a.description}" for a in ALLOCATORS.values())
     )
     p.epilog = (
         "examples:\n  headprobe allocate --beta 1.01\n"
@@ -58,32 +65,32 @@ def register(p: argparse.ArgumentParser) -> None:
         "  headprobe allocate --method pyramid --model smollm2-135m --taper 10\n"
         "  headprobe allocate --profile llama3_r2.json --compat headkv --beta 1.5"
     )
-    add_model_argument(p, default=None, help=f"alias, HF id or folder (default: {hp.DEFAULT_MODEL}, or the "
+    add_model_argument(p, default=None, help=f"alias, HF id or folder (default: {DEFAULT_MODEL}, or the "
                        "model of --profile)")
     p.add_argument("--profile", action="append", default=[], metavar="FILE",
                    help="profile file (repeat for combined: head scores and layer retention)")
-    p.add_argument("--method", default="headkv", help=f"{', '.join(hp.ALLOCATORS)} (see the methods above)")
-    for info in hp.CapacityOptions.infos():
+    p.add_argument("--method", default="headkv", help=f"{', '.join(ALLOCATORS)} (see the methods above)")
+    for info in CapacityOptions.infos():
         _add_flag(p, info, info.default)
     group = p.add_argument_group("method options", "each read by the methods named after it; giving one the "
                                  "method does not read is refused")
     for info in option_infos().values():
         default = "" if info.default is None or info.cli_type is bool else f"; default {info.default:g}" \
             if isinstance(info.default, float) else f"; default {info.default}"
-        readers = [a.name for a in hp.ALLOCATORS.values() if info.name in a.options.names()]
+        readers = [a.name for a in ALLOCATORS.values() if info.name in a.options.names()]
         _add_flag(group, info, argparse.SUPPRESS, f" (methods: {', '.join(readers)}{default})")
     p.add_argument("-o", "--output", default=None, help="budget file (default: budgets/<model>.<method>….json)")
     add_force_argument(p)
     p.set_defaults(func=run)
 
 
-def default_output(bm: hp.BudgetMap) -> Path:
+def default_output(bm: BudgetMap) -> Path:
     """``budgets/<model>.<method>[-compat].cap<C>[.<option><value>...].json``, naming the options whose
     declaration gives a file-name prefix (HeadKV's β, PyramidKV's taper)."""
     m = bm.method
-    parts = [frontend.model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
+    parts = [model_slug(bm.model.name), m["allocator"] + (f"-{m['compat']}" if m.get("compat") else ""),
              f"cap{m['capacity']}"]
-    allocator = hp.ALLOCATORS.get(m["allocator"])
+    allocator = ALLOCATORS.get(m["allocator"])
     for info in allocator.options.infos() if allocator is not None else ():
         if info.filename and m.get(info.record) is not None:
             parts.append(f"{info.filename}{m[info.record]:g}")
@@ -91,33 +98,33 @@ def default_output(bm: hp.BudgetMap) -> Path:
 
 
 def run(args) -> int:
-    allocator = hp.ALLOCATORS.get(args.method)   # an unknown method is refused by allocate, in one line
+    allocator = ALLOCATORS.get(args.method)   # an unknown method is refused by allocate, in one line
     needs = allocator.needs if allocator is not None else ()
     given = {name: getattr(args, name) for name in option_infos() if hasattr(args, name)}
     if allocator is not None:       # an option the method does not read: refused before any file is read
-        frontend.check_allocator_options(allocator, given)
-    profiles = [hp.load_profile(p) for p in args.profile]
+        check_allocator_options(allocator, given)
+    profiles = [load_profile(p) for p in args.profile]
     paths = list(args.profile)
     model = None
     if args.model is not None or not profiles:
-        name = args.model or hp.DEFAULT_MODEL
-        model = hp.identity_for_model(name)
+        name = args.model or DEFAULT_MODEL
+        model = identity_for_model(name)
         if model is None and (profiles or not needs):
-            raise hp.HeadprobeError(f"--model {name}: its config is not in the local Hugging Face cache and "
-                                    "cannot be downloaded (offline?); omit --model to use the profile's model")
+            raise HeadprobeError(f"--model {name}: its config is not in the local Hugging Face cache and "
+                                 "cannot be downloaded (offline?); omit --model to use the profile's model")
         if not profiles:
-            for found in hp.profiles_for_method(args.method, model if model is not None else
-                                                hp.resolve_model(name).name):
+            for found in profiles_for_method(args.method, model if model is not None else
+                                             resolve_model(name).name):
                 profiles.append(found.profile)
                 paths.append(str(found.path))
                 print(f"profile: {found.path}")
         if model is None:
             model = profiles[0].model
-    capacity = {name: getattr(args, name) for name in hp.CapacityOptions.names()}
-    bm = hp.allocate(args.method, profiles, model, source_paths=paths, **capacity, **given)
+    capacity = {name: getattr(args, name) for name in CapacityOptions.names()}
+    bm = allocate(args.method, profiles, model, source_paths=paths, **capacity, **given)
     out = args.output if args.output is not None else default_output(bm)
-    frontend.check_overwrite(out, args.force)
+    check_overwrite(out, args.force)
     bm.save(out, force=args.force)
-    print(hp.summarize(bm))
+    print(summarize(bm))
     print(f"wrote {out}")
     return 0

@@ -4,9 +4,18 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import headprobe
-from headprobe import HeadprobeError, frontend
+from headprobe.errors import HeadprobeError
+from headprobe.eval.babi import generate_questions
+from headprobe.eval.cell_log import cell_log_path, check_eval_outputs
+from headprobe.eval.items import items_from_babi, items_from_longgen, items_from_needles
+from headprobe.eval.result import format_eval_summary
+from headprobe.eval.settings import EVAL_PRESETS, expand_settings
+from headprobe.haystack.corpus import load_haystack
+from headprobe.haystack.needles import load_needles, shipped_needle_file
+from headprobe.limits import check_count
+from headprobe.probes import trial_grid
 
 from .common_args import (
     TASK_FLAGS,
@@ -27,6 +36,9 @@ from .common_args import (
 from .progress import tqdm_progress
 from .ruler_args import add_ruler_arguments, check_ruler_flags, dataset_run, ruler_plan, ruler_summary
 
+if TYPE_CHECKING:
+    from headprobe.distributed.ranks import Ranks
+
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
 FLAGS = {"spec": "--settings", "specs": "--settings", **TASK_FLAGS}
 #: The tasks of ``--task``.
@@ -39,7 +51,7 @@ def register(p: argparse.ArgumentParser) -> None:
         "Run a grid of context lengths x needle depths under each KV-cache setting "
         "(allocation, policy, capacity per head) and report accuracy per cell, mean accuracy, real "
         "cache bytes and time per token. Writes a result JSON (resumable cell by cell) and a PNG grid.\n\n"
-        "Settings are presets (" + ", ".join(headprobe.EVAL_PRESETS) + ") or "
+        "Settings are presets (" + ", ".join(EVAL_PRESETS) + ") or "
         "POLICY[:ALLOCATION[:PROFILE,...]], PROFILE being a profile kind or file."
     )
     p.epilog = (
@@ -91,11 +103,18 @@ def _lazy_progress(total: int, description: str):
 
 
 def run(args: argparse.Namespace) -> int:
-    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.ranks import process_group
+
+    with process_group(args.device) as ranks:     # one process unless started by torchrun
         return _eval(args, ranks)
 
 
-def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
+def _eval(args: argparse.Namespace, ranks: Ranks) -> int:
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.eval_ranks import run_dataset_eval_on_ranks, run_eval_on_ranks
+    from headprobe.eval.runner import EvalRequest
+
     settings, chat_template = _checked_settings(args)
     out, plot, memory_plot = _checked_outputs(args, ranks)
     figures = [f for f in (plot, memory_plot) if f is not None]
@@ -103,30 +122,30 @@ def _eval(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     # another run writes meanwhile is refused when this run writes its own
     replaceable = {f for f in figures if args.force or f.exists()}
     _check_rank_log(args, ranks, out)
-    depths = frontend.trial_grid.parse_depths(args.depths)
+    depths = trial_grid.parse_depths(args.depths)
     items, examples, ruler, task = _task_inputs(args)
-    haystack = headprobe.load_haystack(args.haystack) if args.task not in ("dataset", "ruler") else None
+    haystack = load_haystack(args.haystack) if args.task not in ("dataset", "ruler") else None
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
     if examples is not None or ruler is not None:
         run = dataset_run(args, lm, ruler, examples, settings)
         progress = _lazy_progress(len(ranks.mine(run.examples)) * len(run.settings), "eval")
-        result = headprobe.run_dataset_eval_on_ranks(lm, run.examples, run.settings, out, ranks, run.max_length,
-                                                     run.max_new_tokens, run.name,
-                                                     chat_template, args.resume, args.force,
-                                                     rank_progress(ranks, progress), figures=figures,
-                                                     share_prefill=not args.no_shared_prefill,
-                                                     answer_task=run.answer_task)
+        result = run_dataset_eval_on_ranks(lm, run.examples, run.settings, out, ranks, run.max_length,
+                                           run.max_new_tokens, run.name,
+                                           chat_template, args.resume, args.force,
+                                           rank_progress(ranks, progress), figures=figures,
+                                           share_prefill=not args.no_shared_prefill,
+                                           answer_task=run.answer_task)
     else:
         task["haystack"] = haystack.name
         task["haystack_fingerprint"] = haystack.fingerprint
-        request = headprobe.EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
-                                        args.max_new_tokens, chat_template,
-                                        share_prefill=not args.no_shared_prefill)
+        request = EvalRequest(settings, items, list(args.lengths), depths, haystack, task,
+                              args.max_new_tokens, chat_template,
+                              share_prefill=not args.no_shared_prefill)
         groups = ranks.mine(range(len(args.lengths) * len(depths)))     # the (length, depth) groups run here
         progress = _lazy_progress(len(items) * len(settings) * len(groups), "eval")
-        result = headprobe.run_eval_on_ranks(lm, request, out, ranks, resume=args.resume, force=args.force,
-                                             progress=rank_progress(ranks, progress), figures=figures)
+        result = run_eval_on_ranks(lm, request, out, ranks, resume=args.resume, force=args.force,
+                                   progress=rank_progress(ranks, progress), figures=figures)
     if not ranks.is_main:
         rank_note(ranks, f"{len(result.cells)} cells; wrote {ranks.part_path(out)}")
         return 0
@@ -138,11 +157,15 @@ def _checked_settings(args: argparse.Namespace) -> tuple[list, bool]:
     """The settings of ``--settings`` x ``--capacities``, each policy's options checked, and the
     chat-template switch, after the flags of other tasks are refused: every mistake in the command line
     fails before the model loads."""
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.runtime.generate import parse_policy_options
+    from headprobe.runtime.policies import POLICIES
+
     check_ruler_flags(args)     # before check_task_flags forgets which flags were typed
     check_task_flags(args, TASKS)       # a flag of another task would be ignored
-    settings = headprobe.expand_settings(args.settings, args.capacities, frontend.parse_policy_options(args.option),
-                                         tuple(headprobe.POLICIES))
-    frontend.check_count("max_new_tokens", args.max_new_tokens)
+    settings = expand_settings(args.settings, args.capacities, parse_policy_options(args.option),
+                               tuple(POLICIES))
+    check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)
     for s in settings:   # bad policy options fail before the model loads
         s.check_policy()
@@ -152,22 +175,22 @@ def _checked_settings(args: argparse.Namespace) -> tuple[list, bool]:
     return settings, chat_template
 
 
-def _checked_outputs(args: argparse.Namespace, ranks: headprobe.Ranks) -> tuple[Path, Path | None, Path | None]:
+def _checked_outputs(args: argparse.Namespace, ranks: Ranks) -> tuple[Path, Path | None, Path | None]:
     """The result JSON, the grid figure and the memory figure (``None``: not written), checked on the main
     rank before the model loads; the merged outputs are rank 0's, each rank checks its own log later."""
     out = Path(args.out)
     plot = output_figure(args.plot, out)
     memory_plot = figure_path(args.memory_plot) if (args.memory_plot or "none").lower() != "none" else None
     if ranks.is_main:
-        frontend.check_eval_outputs(out, [f for f in (plot, memory_plot) if f is not None], resume=args.resume,
-                                    force=args.force)
+        check_eval_outputs(out, [f for f in (plot, memory_plot) if f is not None], resume=args.resume,
+                           force=args.force)
     return out, plot, memory_plot
 
 
-def _check_rank_log(args: argparse.Namespace, ranks: headprobe.Ranks, out: Path) -> None:
+def _check_rank_log(args: argparse.Namespace, ranks: Ranks, out: Path) -> None:
     """Under torchrun each rank keeps its own cell log: refuse one left by an earlier run unless
     ``--resume`` or ``--force`` says what to do with it."""
-    part_log = frontend.cell_log_path(ranks.part_path(out))
+    part_log = cell_log_path(ranks.part_path(out))
     if ranks.distributed and part_log.exists() and not (args.resume or args.force):
         raise HeadprobeError(f"{part_log}: a cell log already exists; pass --resume to continue it or --force to "
                              "start over")
@@ -182,23 +205,23 @@ def _task_inputs(args: argparse.Namespace) -> tuple[list | None, list | None, ob
         The grid's items and the task block of its result (needle, longgen, babi); the outside examples
         (dataset); the RULER plan (ruler). What a task does not use is ``None``.
     """
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.eval.datasets import load_qa_dataset
+
     items, examples, ruler, task = None, None, None, None
     if args.task == "ruler":
         ruler = ruler_plan(args)
     elif args.task == "dataset":
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
-        examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
+        examples = load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
     elif args.task == "babi":
-        items = headprobe.items_from_babi(headprobe.generate_questions(args.babi_count, args.babi_tasks, args.seed))
+        items = items_from_babi(generate_questions(args.babi_count, args.babi_tasks, args.seed))
         task = {"kind": "babi", "count": args.babi_count, "tasks": list(args.babi_tasks), "seed": args.seed}
     else:
-        path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
-        needles = headprobe.load_needles(path, args.needle_ids)
-        if args.task == "longgen":
-            items = headprobe.items_from_longgen(needles)
-        else:
-            items = headprobe.items_from_needles(needles)
+        path = args.needles or str(shipped_needle_file("retrieval"))
+        needles = load_needles(path, args.needle_ids)
+        items = items_from_longgen(needles) if args.task == "longgen" else items_from_needles(needles)
         task = {"kind": args.task, "needles": path, "needle_ids": [n.id for n in needles]}
     return items, examples, ruler, task
 
@@ -207,15 +230,27 @@ def _print_and_plot(args: argparse.Namespace, result, out: Path, ruler, plot: Pa
                     memory_plot: Path | None, replaceable: set[Path]) -> None:
     """The main rank's summary and figures (replacing a figure was settled by check_eval_outputs; the
     result lists them)."""
-    print(headprobe.format_eval_summary(result))
+    print(format_eval_summary(result))
     if ruler is not None:
         print(ruler_summary(result, out))
     print(f"wrote {out}")
+    if plot is not None or memory_plot is not None:
+        _save_figures(args, result, plot, memory_plot, replaceable)
+
+
+def _save_figures(args: argparse.Namespace, result, plot: Path | None, memory_plot: Path | None,
+                  replaceable: set[Path]) -> None:
+    """The task's figure (``--plot``) and accuracy against cache bytes (``--memory-plot``), each unless
+    ``None``."""
+    # loads matplotlib: imported when a figure is drawn, not for --help
+    from headprobe.plots.eval_figures import accuracy_vs_memory, needle_grid, ruler_vs_memory
+    from headprobe.plots.profile_figures import save_figure
+
     if plot is not None:
-        fig = (headprobe.ruler_vs_memory(result) if args.task == "ruler"
-               else headprobe.accuracy_vs_memory(result) if args.task == "dataset"
-               else headprobe.needle_grid(result))
-        print(f"wrote {headprobe.save_figure(fig, plot, force=plot in replaceable)}")
+        fig = (ruler_vs_memory(result) if args.task == "ruler"
+               else accuracy_vs_memory(result) if args.task == "dataset"
+               else needle_grid(result))
+        print(f"wrote {save_figure(fig, plot, force=plot in replaceable)}")
     if memory_plot is not None:
-        fig = headprobe.accuracy_vs_memory(result)
-        print(f"wrote {headprobe.save_figure(fig, memory_plot, force=memory_plot in replaceable)}")
+        fig = accuracy_vs_memory(result)
+        print(f"wrote {save_figure(fig, memory_plot, force=memory_plot in replaceable)}")

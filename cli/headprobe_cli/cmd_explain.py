@@ -6,8 +6,9 @@ import argparse
 import sys
 from pathlib import Path
 
-import headprobe as hp
-from headprobe import frontend
+from headprobe.errors import HeadprobeError
+from headprobe.files.overwrite import check_overwrite
+from headprobe.models.registry import DEFAULT_MODEL
 
 from .common_args import add_force_argument, figure_path
 
@@ -46,7 +47,7 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context", type=int, required=True, metavar="N", help="prompt tokens of each sequence")
     p.add_argument("--model", default=None,
                    help="alias, HF id or folder: the shape of inputs that carry none (read from its config, no "
-                        f"weights); default: the input's own model, {hp.DEFAULT_MODEL} for --press")
+                        f"weights); default: the input's own model, {DEFAULT_MODEL} for --press")
     p.add_argument("--batch", type=int, default=1, help="sequences at once")
     p.add_argument("--dtype", default="bfloat16", help="element type of the cached keys and values: float32, "
                    "bfloat16 or float16")
@@ -109,7 +110,7 @@ def _add_output_arguments(p) -> None:
 def _outputs(args) -> dict[str, Path]:
     """The files this run writes, each checked before anything is read."""
     if (args.to is None) != (args.output is None):
-        raise hp.HeadprobeError("--to budget and -o FILE go together")
+        raise HeadprobeError("--to budget and -o FILE go together")
     out = {}
     if args.json:
         out["json"] = Path(args.json)
@@ -119,34 +120,53 @@ def _outputs(args) -> dict[str, Path]:
         out["budget"] = Path(args.output)
     paths = [p.resolve() for p in out.values()]
     if len(set(paths)) != len(paths):
-        raise hp.HeadprobeError("--json, --plot and -o name the same file; give each its own")
+        raise HeadprobeError("--json, --plot and -o name the same file; give each its own")
     for path in out.values():
-        frontend.check_overwrite(path, args.force)
+        check_overwrite(path, args.force)
     return out
 
 
 def run(args) -> int:
     outputs = _outputs(args)
-    ex = hp.explain_budget(
+    return _explain(args, outputs)
+
+
+def _explain(args, outputs: dict[str, Path]) -> int:
+    """The explanation, printed, and the files of ``outputs`` (checked already), written."""
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.explain.api import explain_budget
+    from headprobe.explain.report import format_explanation
+    from headprobe.runtime.generate import parse_policy_options
+
+    ex = explain_budget(
         args.inputs, context=args.context, model=args.model, batch=args.batch, dtype=args.dtype,
         max_new_tokens=args.max_new_tokens, policy=args.policy,
-        policy_options=frontend.parse_policy_options(args.option) if args.option else None, method=args.method,
+        policy_options=parse_policy_options(args.option) if args.option else None, method=args.method,
         capacity=args.capacity, beta=args.beta, window=args.window, sink=args.sink, temperature=args.temperature,
         reduction=args.reduction, task=args.task, sparsity=args.sparsity, sink_size=args.sink_size,
         recent_size=args.recent_size, gqa=args.gqa, press=args.press, ratio=args.ratio,
-        press_options=frontend.parse_policy_options(args.press_option, "--press-option") if args.press_option else None)
+        press_options=(parse_policy_options(args.press_option, "--press-option") if args.press_option
+                       else None))
     if "budget" in outputs and ex.source["kind"] == "budget_map":
-        raise hp.HeadprobeError(f"--to budget: {args.inputs[0]} is a budget map already")
+        raise HeadprobeError(f"--to budget: {args.inputs[0]} is a budget map already")
     _warn_beyond_context(ex)
-    print(hp.format_explanation(ex))
+    print(format_explanation(ex))
     if "json" in outputs:
         print(f"wrote {ex.save_json(outputs['json'], args.force)}")
     if "plot" in outputs:
-        print(f"wrote {hp.save_explain_figure(ex, outputs['plot'], args.force)}")
+        print(f"wrote {_save_figure(ex, outputs['plot'], args.force)}")
     if "budget" in outputs:
         path = ex.save_budget(outputs["budget"], args.force)
         print(f"wrote {path}; run it with: {ex.generate_command(path)} PROMPT")
     return 0
+
+
+def _save_figure(ex, path: Path, force: bool) -> Path:
+    """``--plot``: the budget and each engine's bytes."""
+    # loads matplotlib: imported when a figure is drawn, not for --help
+    from headprobe.explain.figure import save_explain_figure
+
+    return save_explain_figure(ex, path, force)
 
 
 def _warn_beyond_context(ex) -> None:

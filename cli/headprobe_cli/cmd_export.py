@@ -7,8 +7,17 @@ import sys
 import warnings
 from pathlib import Path
 
-import headprobe as hp
-from headprobe import frontend
+from headprobe.budget_map import BudgetMap
+from headprobe.errors import HeadprobeError
+from headprobe.eval.result import EvalResult
+from headprobe.file_summary import load_file
+from headprobe.files.jsonio import read_json
+from headprobe.layer_split import LayerSplit
+from headprobe.profile import Profile
+from headprobe.tool_files.duoattention import write_duoattention
+from headprobe.tool_files.engine_windows import write_engine_split
+from headprobe.tool_files.headkv_json import write_headkv_json
+from headprobe.tool_files.layer_list import write_kvpress_ratios, write_layer_list
 
 from .common_args import add_force_argument
 
@@ -60,25 +69,26 @@ def run(args) -> int:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if args.to == "duoattention":
-            out = hp.write_duoattention(src, args.output, sink_size=args.sink_size, recent_size=args.recent_size,
+            out = write_duoattention(src, args.output, sink_size=args.sink_size, recent_size=args.recent_size,
                                      threshold=args.threshold, full_share=args.full_share, binary=args.binary,
                                      exact=args.exact, reduction=args.reduction, force=args.force)
         elif args.to == "headkv":
-            if not isinstance(src, hp.Profile):
-                raise hp.HeadprobeError("--to headkv exports head scores: give a profile, not a budget map")
-            out = hp.write_headkv_json(src, args.output, force=args.force)
+            if not isinstance(src, Profile):
+                raise HeadprobeError("--to headkv exports head scores: give a profile, not a budget map")
+            out = write_headkv_json(src, args.output, force=args.force)
         else:
-            if not isinstance(src, hp.BudgetMap):
-                raise hp.HeadprobeError(f"--to {args.to} exports budgets: give a budget map (headprobe allocate)")
+            if not isinstance(src, BudgetMap):
+                raise HeadprobeError(f"--to {args.to} exports budgets: give a budget map "
+                                     "(headprobe allocate)")
             if args.to == "layers":
-                out = hp.write_layer_list(src, args.output, force=args.force)
+                out = write_layer_list(src, args.output, force=args.force)
             else:
-                out = hp.write_kvpress_ratios(src, args.output, args.prompt_len, force=args.force)
+                out = write_kvpress_ratios(src, args.output, args.prompt_len, force=args.force)
     for w in caught:
         print(f"headprobe: warning: {w.message}", file=sys.stderr)
     print(f"wrote {Path(out)}")
     if args.to == "duoattention" and not args.exact:
-        cfg = frontend.read_json(Path(out) / "config.json")
+        cfg = read_json(Path(out) / "config.json")
         info = cfg.get("headprobe", {})
         print(f"{info.get('full_heads')} full and {info.get('streaming_heads')} streaming KV heads; sparsity "
               f"{cfg['sparsity']!r} (DuoAttention --sparsity, kvpress head_compression_ratio), sink_size "
@@ -90,19 +100,19 @@ def run(args) -> int:
 
 def _profile_or_budget(path: str):
     """The profile or budget map at ``path``; an eval result is refused (nothing in it exports)."""
-    src = hp.load_file(path)
-    if isinstance(src, hp.EvalResult):
-        raise hp.HeadprobeError(f"{path}: an eval result; export takes a profile or a budget map")
+    src = load_file(path)
+    if isinstance(src, EvalResult):
+        raise HeadprobeError(f"{path}: an eval result; export takes a profile or a budget map")
     return src
 
 
 def _run_split(args) -> int:
     """``--to vllm|tensorrt-llm|llama.cpp``: a split file or a layer-split budget map, as the engine reads it."""
-    obj = frontend.read_json(args.input)
+    obj = read_json(args.input)
     fmt = obj.get("format") if isinstance(obj, dict) else None
-    src = hp.LayerSplit.load(args.input) if fmt == "headprobe.layer_split" else _profile_or_budget(args.input)
-    out = hp.write_engine_split(src, args.to, args.output, force=args.force)
-    kept = frontend.read_json(out)["keeps"]
+    src = LayerSplit.load(args.input) if fmt == "headprobe.layer_split" else _profile_or_budget(args.input)
+    out = write_engine_split(src, args.to, args.output, force=args.force)
+    kept = read_json(out)["keeps"]
     print(f"wrote {Path(out)}")
     print(f"{args.to} keeps {kept['bytes']:,} of {kept['full_bytes']:,} bytes ({kept['share']:.1%}) at "
           f"{kept['context']} tokens; global layers {kept['global_layers']}")

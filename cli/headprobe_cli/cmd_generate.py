@@ -6,8 +6,9 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-import headprobe
-from headprobe import HeadprobeError, frontend
+from headprobe.errors import HeadprobeError
+from headprobe.eval.settings import MAP_ALLOCATION, EvalSetting, parse_setting, split_capacities
+from headprobe.limits import check_count
 
 from .common_args import (
     LazyChoices,
@@ -19,7 +20,7 @@ from .common_args import (
 )
 
 if TYPE_CHECKING:
-    from headprobe import LoadedModel
+    from headprobe.models.loading import LoadedModel
 
 #: Library parameters whose flag is not ``--`` + the parameter name (errors name them by these flags).
 FLAGS = {"chat_template=False": "--no-chat", "spec": "--setting", "specs": "--setting"}
@@ -48,7 +49,7 @@ def register(p: argparse.ArgumentParser) -> None:
     src.add_argument("--ratio", type=float, help="keep this fraction of the prompt in every head")
     p.add_argument("--capacity", type=int, default=None,
                    help="mean tokens per head (default 128; with --budget, rescales the file to this capacity)")
-    p.add_argument("--policy", default="snapkv", choices=LazyChoices(lambda: sorted(headprobe.POLICIES)),
+    p.add_argument("--policy", default="snapkv", choices=LazyChoices(_policy_names),
                    metavar="POLICY", help="which tokens to keep: %(choices)s")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="policy option, repeatable (e.g. window=16, key_merge=zip)")
@@ -61,6 +62,14 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kernels", default="auto", choices=["auto", "torch", "triton"],
                    help="Triton kernels or the PyTorch path")
     p.set_defaults(func=run)
+
+
+def _policy_names() -> list[str]:
+    """The policies ``--policy`` takes, for argparse's check of a value given and for ``--help``."""
+    # loads torch: imported when the choices are used, not while the parser is built
+    from headprobe.runtime.policies import POLICIES
+
+    return sorted(POLICIES)
 
 
 def _prompt(args: argparse.Namespace) -> str:
@@ -105,7 +114,7 @@ def _mib(n: int) -> str:
     return f"{n:,} bytes ({n / 2**20:.2f} MiB)"
 
 
-def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
+def _setting(args: argparse.Namespace) -> EvalSetting:
     """The eval setting ``--setting`` names, checked before the model loads.
 
     Raises
@@ -120,11 +129,11 @@ def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
     if given:
         raise HeadprobeError(f"--setting {args.setting}: it names the policy, its options and the budget; drop "
                              f"{', '.join(given)}")
-    spec, pinned = frontend.split_capacities(args.setting)
-    parsed = headprobe.parse_setting(spec)
-    if parsed.policy != "full" and parsed.allocation != frontend.MAP_ALLOCATION and pinned is None:
+    spec, pinned = split_capacities(args.setting)
+    parsed = parse_setting(spec)
+    if parsed.policy != "full" and parsed.allocation != MAP_ALLOCATION and pinned is None:
         raise HeadprobeError(f"--setting {args.setting}: give its capacity after @ (e.g. {spec}@64)")
-    setting = headprobe.EvalSetting.parse(args.setting)
+    setting = EvalSetting.parse(args.setting)
     if setting.question_window:
         raise HeadprobeError(f"--setting {args.setting}: window=question needs a prompt whose question the eval "
                              "harness placed; give a window in tokens")
@@ -133,29 +142,40 @@ def _setting(args: argparse.Namespace) -> headprobe.EvalSetting:
 
 
 def run(args: argparse.Namespace) -> int:
-    frontend.check_count("max_new_tokens", args.max_new_tokens)
+    check_count("max_new_tokens", args.max_new_tokens)
     chat_template_wanted(args)                   # a contradiction fails before the model loads
     if args.capacity is not None:
-        frontend.check_count("capacity", args.capacity)
+        check_count("capacity", args.capacity)
     if args.ratio is not None and not 0 < args.ratio <= 1:      # before the model loads
         raise HeadprobeError(f"--ratio {args.ratio}: expected a number in (0, 1]")
     setting = _setting(args) if args.setting is not None else None
     prompt = _prompt(args)
+    return _generate(args, setting, prompt)
+
+
+def _generate(args: argparse.Namespace, setting: EvalSetting | None, prompt: str) -> int:
+    """The answer and its cache's size, once the command line and the prompt are checked."""
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.eval.runner import resolve_budget
+    from headprobe.runtime.generate import generate_compressed, make_policy, parse_policy_options
+    from headprobe.runtime.kernels.dispatch import set_kernel_backend
+    from headprobe.runtime.split_budget import load_budget_file
+
     if setting is None:
-        options = frontend.parse_policy_options(args.option)
-        policy = headprobe.make_policy(args.policy, **options)   # bad options fail before the model loads
-        budget = headprobe.load_budget_file(args.budget) if args.budget else None   # a budget map or a layer split
-    headprobe.set_kernel_backend(args.kernels)
+        options = parse_policy_options(args.option)
+        policy = make_policy(args.policy, **options)   # bad options fail before the model loads
+        budget = load_budget_file(args.budget) if args.budget else None   # a budget map or a layer split
+    set_kernel_backend(args.kernels)
     lm = load_model(args)
     form = resolve_prompt_format(args, lm.tokenizer)
     check_prompt_fits(lm, prompt, form == "chat", args)
     if setting is not None:
-        policy = headprobe.make_policy(setting.policy, **setting.options)
-        budget = frontend.resolve_budget(lm, setting)
+        policy = make_policy(setting.policy, **setting.options)
+        budget = resolve_budget(lm, setting)
         args.policy = setting.policy
-    res = headprobe.generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
-                                        capacity=args.capacity, max_new_tokens=args.max_new_tokens,
-                                        chat=form == "chat")
+    res = generate_compressed(lm, prompt, policy=policy, budget=budget, ratio=args.ratio,
+                              capacity=args.capacity, max_new_tokens=args.max_new_tokens,
+                              chat=form == "chat")
     print(res.texts[0].strip())
     cache = res.cache
     kept = cache.kept_tokens()

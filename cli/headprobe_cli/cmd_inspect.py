@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-import headprobe
+from headprobe.file_summary import summarize_file
 
 
 def register(p: argparse.ArgumentParser) -> None:
@@ -24,6 +24,6 @@ def run(args) -> int:
     for i, path in enumerate(args.files):
         if i:
             print()
-        for line in headprobe.summarize_file(path, top=args.top):
+        for line in summarize_file(path, top=args.top):
             print(line)
     return 0

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from headprobe import DEFAULT_MODEL, MODELS
+from headprobe.models.registry import DEFAULT_MODEL, MODELS
 
 
 def register(p: argparse.ArgumentParser) -> None:

@@ -9,7 +9,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import headprobe
-from headprobe import frontend
+from headprobe.errors import HeadprobeError, NoPassingTrialsError
+from headprobe.files.trial_log import read_log
+from headprobe.models.loading import resolve_model
+from headprobe.paths import user_profiles_dir
+from headprobe.probes import trial_grid
+from headprobe.probes.early_stop import StopRule
+from headprobe.probes.inputs import needle_kinds
+from headprobe.probes.modes import DEFAULT_RECOMPUTE_SHARE, MODES, parse_recompute_share
+from headprobe.probes.registry import PROBES
+from headprobe.profile import Profile
+from headprobe.profile_kinds import PROFILE_KINDS
 
 from .common_args import (
     LazyChoices,
@@ -28,7 +38,7 @@ from .profile_summary import summary_lines
 from .progress import tqdm_progress
 
 if TYPE_CHECKING:
-    from headprobe import LoadedModel
+    from headprobe.models.loading import LoadedModel
 
 #: Library parameters (of ProfileRequest) whose flags are spelled differently.
 FLAGS = {"probes": "--probe", "needle_ids": "--needles", "needle_files": "--needle-file", "options": "--pass-option",
@@ -101,14 +111,15 @@ def register(p: argparse.ArgumentParser) -> None:
 def _add_probe_arguments(p) -> None:
     """Which probes run, in which mode, and when a needle pass may stop early."""
     p.add_argument("--probe", nargs="+", default=["all"], metavar="KIND",
-                   choices=LazyChoices(lambda: ["all", *headprobe.PROBES]),
-                   help=f"probes to run: all or any of {', '.join(headprobe.PROFILE_KINDS)} (one profile each)")
-    p.add_argument("--mode", choices=[*headprobe.MODES, "auto"], default="auto",
+                   choices=LazyChoices(lambda: ["all", *PROBES]),
+                   help=f"probes to run: all or any of {', '.join(PROFILE_KINDS)} (one profile each)")
+    p.add_argument("--mode", choices=[*MODES, "auto"], default="auto",
                    help="fast: teacher-forced, shared prefixes, batched; reference: greedy decoding step by step; "
                         "reuse: approximate, one haystack forward per length, a share of it recomputed per trial; "
                         "auto: reuse mode at a 0%% share on a CPU (measured close to exact, docs/benchmarks.md), "
                         "fast mode on a GPU or where a probe or the model does not run in reuse mode")
-    p.add_argument("--recompute-share", type=float, default=unset(100 * frontend.DEFAULT_RECOMPUTE_SHARE), metavar="PCT",
+    p.add_argument("--recompute-share", type=float, default=unset(100 * DEFAULT_RECOMPUTE_SHARE),
+                   metavar="PCT",
                    help="reuse mode: percent of the haystack after the needle recomputed per trial (100 = exact)")
     p.add_argument("--until-stable", action="store_true",
                    help="run trials in an order spread over lengths, depths and needles; stop each needle pass "
@@ -124,7 +135,7 @@ def _add_probe_arguments(p) -> None:
 def _add_trial_arguments(p) -> None:
     """The trial grid (lengths, depths, seeds) and what the trials read (needles, haystack, contexts,
     layer-retention tasks)."""
-    p.add_argument("--grid", choices=list(frontend.trial_grid.GRIDS), default=unset("auto"),
+    p.add_argument("--grid", choices=list(trial_grid.GRIDS), default=unset("auto"),
                    help="default lengths/depths: full = HeadKV's 5 lengths up to 10K x 10 depths; auto = full on GPU")
     p.add_argument("--lengths", nargs="+", type=int, help="prompt lengths in model tokens (overrides --grid)")
     p.add_argument("--depths", nargs="+", type=float, help="needle depths in percent 0-100 (overrides --grid)")
@@ -151,13 +162,29 @@ def _add_trial_arguments(p) -> None:
 
 def run(args) -> int:
     _check_flags(args)
-    out_dir = Path(args.out_dir) if args.out_dir else headprobe.user_profiles_dir()
+    out_dir = Path(args.out_dir) if args.out_dir else user_profiles_dir()
     if args.merge:
-        for path in headprobe.merge_profile_logs(args.merge, out_dir, args.name, force=args.force,
-                                                 allow_partial=args.allow_partial):
-            print(f"wrote {path}")
-        return 0
-    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+        return _merge(args, out_dir)
+    return _profile_on_ranks(args, out_dir)
+
+
+def _merge(args, out_dir: Path) -> int:
+    """``--merge``: the shard trial logs merged into profiles."""
+    # loads torch: imported when the command runs, not for --help
+    from headprobe.probes.run import merge_profile_logs
+
+    for path in merge_profile_logs(args.merge, out_dir, args.name, force=args.force,
+                                   allow_partial=args.allow_partial):
+        print(f"wrote {path}")
+    return 0
+
+
+def _profile_on_ranks(args, out_dir: Path) -> int:
+    """The profile run, on every rank when started by torchrun."""
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.ranks import process_group
+
+    with process_group(args.device) as ranks:     # one process unless started by torchrun
         return _profile(args, ranks, out_dir)
 
 
@@ -169,19 +196,19 @@ def _check_flags(args) -> None:
     if args.merge:
         extra = [d for d in args.profile_defaults if d not in MERGE_FLAGS and given(args, d)]
         if extra:
-            raise headprobe.HeadprobeError(f"{_flag(extra[0])}: does not apply to --merge, which takes the settings "
-                                           "of the logs (it reads --out-dir, --name, --force and --allow-partial)")
+            raise HeadprobeError(f"{_flag(extra[0])}: does not apply to --merge, which takes the settings "
+                                 "of the logs (it reads --out-dir, --name, --force and --allow-partial)")
     for dest, (flag, needed) in NEEDS_FLAG.items():
         if given(args, dest) and not given(args, needed):
-            raise headprobe.HeadprobeError(f"{_flag(dest)}: applies with {flag} only")
+            raise HeadprobeError(f"{_flag(dest)}: applies with {flag} only")
     if args.plot_stability:
-        probes = list(headprobe.PROBES) if "all" in args.probe else args.probe
-        if not frontend.needle_kinds(probes):
-            raise headprobe.HeadprobeError(f"--plot-stability: draws the bootstrap intervals of head-score profiles; "
-                                           f"none is requested (--probe {' '.join(args.probe)})")
+        probes = list(PROBES) if "all" in args.probe else args.probe
+        if not needle_kinds(probes):
+            raise HeadprobeError(f"--plot-stability: draws the bootstrap intervals of head-score profiles; "
+                                 f"none is requested (--probe {' '.join(args.probe)})")
         if args.shard:
-            raise headprobe.HeadprobeError(f"--plot-stability: a shard (--shard {args.shard}) writes no profile to "
-                                           "draw; pass it to the run that writes the profiles")
+            raise HeadprobeError(f"--plot-stability: a shard (--shard {args.shard}) writes no profile to "
+                                 "draw; pass it to the run that writes the profiles")
 
 
 def _flag(dest: str) -> str:
@@ -191,20 +218,24 @@ def _flag(dest: str) -> str:
 def _request(args, out_dir: Path):
     """The request the arguments make (its lengths and depths left to the grid unless given); its
     parameters that would not take effect are refused (``ProfileRequest.check_options`` with the flags typed)."""
-    grids = frontend.trial_grid
-    until_stable = (headprobe.StopRule(k=int(args.stable_k), jaccard=float(args.stable_jaccard))
+    # loads torch: imported when the command runs, not for --help
+    from headprobe.probes.request import ProfileRequest
+    from headprobe.probes.retention import RetentionConfig
+
+    until_stable = (StopRule(k=int(args.stable_k), jaccard=float(args.stable_jaccard))
                     if args.until_stable else None)
     probes = _probes(args)
-    request = headprobe.ProfileRequest(
+    request = ProfileRequest(
         probes=probes, lengths=args.lengths,
-        depths=grids.parse_depths(args.depths) if args.depths else None, grid=str(args.grid), out_dir=out_dir,
+        depths=trial_grid.parse_depths(args.depths) if args.depths else None, grid=str(args.grid),
+        out_dir=out_dir,
         mode=args.mode, seeds=list(args.seeds), needle_files=[Path(p) for p in args.needle_file],
         needle_ids=args.needles, haystack=args.haystack, chat_template=chat_template_wanted(args),
         batch_size=int(args.batch_size), gate=str(args.gate), group_reduction=str(args.group_reduction),
         tasks=args.tasks, samples_per_task=args.samples_per_task,
-        retention=headprobe.RetentionConfig(max_tokens=int(args.retention_max_tokens)), resume=args.resume,
-        force=args.force, shard=grids.parse_shard(args.shard), name=args.name,
-        recompute_share=frontend.parse_recompute_share(float(args.recompute_share)), until_stable=until_stable,
+        retention=RetentionConfig(max_tokens=int(args.retention_max_tokens)), resume=args.resume,
+        force=args.force, shard=trial_grid.parse_shard(args.shard), name=args.name,
+        recompute_share=parse_recompute_share(float(args.recompute_share)), until_stable=until_stable,
         options=_context_options(args, probes, _pass_options(args.pass_option)))
     request.check_options({PARAMETERS.get(d, d) for d in args.profile_defaults if given(args, d)})
     return request
@@ -213,31 +244,37 @@ def _request(args, out_dir: Path):
 def _probes(args) -> list[str]:
     """The probes asked for: ``all`` is every probe that reads the user's examples with ``--contexts``, every
     other probe without it."""
+    # loads torch: imported when the command runs, not for --help
+    from headprobe.probes.context_pass import context_probes
+
     if "all" in args.probe:
-        readers = frontend.context_probes()
-        return [k for k in headprobe.PROBES if (k in readers) == bool(args.contexts)]
+        readers = context_probes()
+        return [k for k in PROBES if (k in readers) == bool(args.contexts)]
     return list(args.probe)
 
 
 def _context_options(args, probes: list[str], options: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
     """``--contexts``, ``--fields`` and ``--split`` as the options of every requested pass that reads the user's
     examples."""
-    kinds = frontend.context_probes()
+    # loads torch: imported when the command runs, not for --help
+    from headprobe.probes.context_pass import context_probes
+
+    kinds = context_probes()
     readers = list(dict.fromkeys(kinds[k] for k in probes if k in kinds))
     if args.contexts is None:
         for flag, value, what in (("--fields", args.fields, "names the fields"), ("--split", args.split, "picks a split")):
             if value is not None:
-                raise headprobe.HeadprobeError(f"{flag}: {what} of --contexts FILE, which was not given")
+                raise HeadprobeError(f"{flag}: {what} of --contexts FILE, which was not given")
         for name in readers:
             if "file" not in options.get(name, {}):
                 asked = [k for k in probes if kinds.get(k) == name]
-                raise headprobe.HeadprobeError(f"--probe {' '.join(asked)}: profiles your own examples; give "
-                                               "--contexts FILE")
+                raise HeadprobeError(f"--probe {' '.join(asked)}: profiles your own examples; give "
+                                     "--contexts FILE")
         return options
     if not readers:
-        raise headprobe.HeadprobeError(f"--contexts: none of the probes asked for reads it ({', '.join(probes)}); "
-                                       "leave --probe out or name context_retrieval, context_enhanced_retrieval "
-                                       "or query_focus")
+        raise HeadprobeError(f"--contexts: none of the probes asked for reads it ({', '.join(probes)}); "
+                             "leave --probe out or name context_retrieval, context_enhanced_retrieval "
+                             "or query_focus")
     for name in readers:
         given = options.setdefault(name, {})
         given.setdefault("file", args.contexts)
@@ -255,22 +292,25 @@ def _pass_options(items: list[str]) -> dict[str, dict[str, str]]:
         target, sep, value = item.partition("=")
         pass_name, dot, field = target.partition(".")
         if not (sep and dot and pass_name and field):
-            raise headprobe.HeadprobeError(f"--pass-option {item}: expected PASS.FIELD=VALUE")
+            raise HeadprobeError(f"--pass-option {item}: expected PASS.FIELD=VALUE")
         options.setdefault(pass_name, {})[field] = value
     return options
 
 
 def _profile(args, ranks, out_dir: Path) -> int:
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.profile_ranks import check_profile_run_on_ranks, run_profile_on_ranks
+
     request = _request(args, out_dir)
     # Everything that can be checked without the model, and what would be replaced, is settled before it loads.
-    plan = headprobe.check_profile_run_on_ranks(request, headprobe.resolve_model(args.model).name, ranks)
+    plan = check_profile_run_on_ranks(request, resolve_model(args.model).name, ranks)
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
     run = plan.resolve(lm, version=headprobe.__version__)
     if ranks.is_main:
         _describe(args, run, lm, ranks, out_dir)
     started = time.perf_counter()
-    result = headprobe.run_profile_on_ranks(lm, run, ranks, progress=rank_progress(ranks, tqdm_progress))
+    result = run_profile_on_ranks(lm, run, ranks, progress=rank_progress(ranks, tqdm_progress))
     elapsed = time.perf_counter() - started
     if not ranks.is_main:
         rank_note(ranks, f"{result.trials_run} trials run, {result.trials_skipped} resumed, {elapsed:.0f} s; "
@@ -285,9 +325,9 @@ def _profile(args, ranks, out_dir: Path) -> int:
         print(f"{pass_name}: {state} after {outcome.trials} of {outcome.grid} trials", file=sys.stderr)
     logs: dict[str, Path] = {}
     for lp in result.logs:
-        logs.setdefault(headprobe.read_log(lp)[0].get("pass"), lp)
+        logs.setdefault(read_log(lp)[0].get("pass"), lp)
     for path in result.profiles:
-        profile = headprobe.Profile.load(path)
+        profile = Profile.load(path)
         t = profile.trials
         gate = f" the {t['gate']} gate" if t.get("gate") else ""
         left_out = (f"; {t['answer_not_in_context']} of {t['rows']} rows left out, their answer is not in their "
@@ -295,13 +335,23 @@ def _profile(args, ranks, out_dir: Path) -> int:
         print(f"wrote {path} ({t['passed']}/{t['total']} trials passed{gate}{left_out})")
         if args.plot_stability and profile.intervals:
             log = logs.get(profile.probe.get("pass"))
-            fig = headprobe.stability_figure(profile, log=headprobe.read_log(log) if log else None)
-            print(f"wrote {headprobe.save_figure(fig, path.with_suffix('.stability.png'), force=args.force)}")
-    for line in summary_lines(result.profiles, headprobe.user_profiles_dir()):
+            print(f"wrote {_stability_plot(profile, log, path.with_suffix('.stability.png'), args.force)}")
+    for line in summary_lines(result.profiles, user_profiles_dir()):
         print(line)
     if result.failures:
-        raise headprobe.NoPassingTrialsError("; ".join(result.failures))
+        raise NoPassingTrialsError("; ".join(result.failures))
     return 0
+
+
+def _stability_plot(profile: Profile, log: Path | None, out: Path, force: bool) -> Path:
+    """``--plot-stability``: the profile's top heads with their intervals, and the stability as trials were
+    added (from its trial log, when there is one)."""
+    # loads matplotlib: imported when a figure is drawn, not for --help
+    from headprobe.plots.profile_figures import save_figure
+    from headprobe.plots.stability import stability_figure
+
+    fig = stability_figure(profile, log=read_log(log) if log else None)
+    return save_figure(fig, out, force=force)
 
 
 def _describe(args, run, lm: LoadedModel, ranks, out_dir: Path) -> None:

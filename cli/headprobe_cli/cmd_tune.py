@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import argparse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import headprobe
-from headprobe import HeadprobeError, frontend
+from headprobe.errors import HeadprobeError
+from headprobe.eval.ruler_generate import RulerGeneration, check_ruler_generation
+from headprobe.eval.settings import EVAL_PRESETS, expand_specs, parse_settings
+from headprobe.haystack.corpus import load_haystack
+from headprobe.haystack.needles import shipped_needle_file
+from headprobe.limits import check_count
+from headprobe.models.loading import model_identity
+from headprobe.probes import trial_grid
+from headprobe.tune.halving import HalvingRule
+from headprobe.tune.plan import plan_trials
+from headprobe.tune.split import split_items
 
 from .common_args import (
     TASK_FLAGS,
@@ -24,6 +34,10 @@ from .common_args import (
 from .progress import tqdm_progress
 from .ruler_args import DEFAULT_TASKS as RULER_TASKS
 from .ruler_args import add_ruler_arguments
+
+if TYPE_CHECKING:
+    from headprobe.distributed.ranks import Ranks
+    from headprobe.tune.request import TuneTask
 
 #: Library parameters whose flag is not ``--`` + the parameter name.
 FLAGS = {"spec": "--presets", "specs": "--presets", **TASK_FLAGS}
@@ -95,9 +109,12 @@ def register(p: argparse.ArgumentParser) -> None:
     p.set_defaults(func=run)
 
 
-def _ruler_task(args: argparse.Namespace) -> headprobe.TuneTask:
+def _ruler_task(args: argparse.Namespace) -> TuneTask:
     """RULER's samples to generate: calibration from ``--seed``, held out from ``--seed + 1``, checked before
     the model loads."""
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.tune.request import TuneTask
+
     for flag, given in (("--ratios", args.ratios is not None), ("--dataset", bool(args.dataset)),
                         ("--limit", args.limit is not None), ("--holdout-ids", bool(args.holdout_ids))):
         if given:
@@ -106,17 +123,20 @@ def _ruler_task(args: argparse.Namespace) -> headprobe.TuneTask:
     if not args.lengths:
         raise HeadprobeError("--lengths: give at least one")
     samples = 10 if args.samples is None else args.samples
-    frontend.check_count("samples", samples)
-    calibration = headprobe.RulerGeneration(tuple(args.ruler_tasks or RULER_TASKS), tuple(args.lengths), samples,
-                                            args.seed)
-    holdout = headprobe.RulerGeneration(calibration.tasks, calibration.lengths, samples, args.seed + 1)
-    headprobe.check_ruler_generation(calibration, headprobe.model_identity(args.model, args.trust_remote_code)
-                                     .max_context)
-    return headprobe.TuneTask.ruler(calibration, holdout, args.max_new_tokens)   # RULER's tokens, capped
+    check_count("samples", samples)
+    calibration = RulerGeneration(tuple(args.ruler_tasks or RULER_TASKS), tuple(args.lengths), samples,
+                                  args.seed)
+    holdout = RulerGeneration(calibration.tasks, calibration.lengths, samples, args.seed + 1)
+    check_ruler_generation(calibration, model_identity(args.model, args.trust_remote_code).max_context)
+    return TuneTask.ruler(calibration, holdout, args.max_new_tokens)   # RULER's tokens, capped
 
 
-def _task(args: argparse.Namespace) -> headprobe.TuneTask:
+def _task(args: argparse.Namespace) -> TuneTask:
     """The task's items and grid (no model needed)."""
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.eval.datasets import load_qa_dataset
+    from headprobe.tune.request import TuneTask
+
     if args.task == "ruler":
         return _ruler_task(args)
     if (args.ruler_tasks is not None or args.samples is not None or args.ratios is not None):
@@ -126,67 +146,82 @@ def _task(args: argparse.Namespace) -> headprobe.TuneTask:
     if args.task == "dataset":
         if not args.dataset:
             raise HeadprobeError("--task dataset needs --dataset FILE_OR_NAME")
-        frontend.check_count("max_length", args.max_length)
-        examples = headprobe.load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
-        return headprobe.TuneTask.dataset(examples, str(args.dataset), args.max_length)
-    depths = frontend.trial_grid.parse_depths(args.depths)
+        check_count("max_length", args.max_length)
+        examples = load_qa_dataset(args.dataset, args.split, limit=args.limit, fields=args.fields)
+        return TuneTask.dataset(examples, str(args.dataset), args.max_length)
+    depths = trial_grid.parse_depths(args.depths)
     if not args.lengths:
         raise HeadprobeError("--lengths: give at least one")
     for length in args.lengths:
-        frontend.check_count("lengths", length)
-    haystack = headprobe.load_haystack(args.haystack)
+        check_count("lengths", length)
+    haystack = load_haystack(args.haystack)
     if args.task == "babi":
-        return headprobe.TuneTask.babi(args.babi_count, args.babi_tasks, args.seed, args.lengths, depths, haystack)
-    path = args.needles or str(headprobe.shipped_needle_file("retrieval"))
-    return headprobe.TuneTask.needles(path, args.needle_ids, args.lengths, depths, haystack)
+        return TuneTask.babi(args.babi_count, args.babi_tasks, args.seed, args.lengths, depths, haystack)
+    path = args.needles or str(shipped_needle_file("retrieval"))
+    return TuneTask.needles(path, args.needle_ids, args.lengths, depths, haystack)
 
 
 def _capacities(args: argparse.Namespace, identity) -> tuple[list[int], dict | None]:
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.tune.memory import MemoryTarget, cache_dtype, capacity_for, parse_bytes, parse_share
+
     if args.cache_share is None and args.cache_bytes is None:
         if args.context is not None:
             raise HeadprobeError("--context goes with --cache-share or --cache-bytes")
         caps = args.capacities or [64]
         for c in caps:
-            frontend.check_count("capacities", c)
+            check_count("capacities", c)
         if len(set(caps)) != len(caps):
             raise HeadprobeError(f"--capacities {' '.join(map(str, caps))}: a capacity given twice")
         return list(caps), None
     if args.context is None:
         raise HeadprobeError(f"{'--cache-share' if args.cache_share else '--cache-bytes'} needs --context N (the "
                              "prompt tokens the target is for)")
-    frontend.check_count("context", args.context)
-    share = frontend.parse_share(args.cache_share) if args.cache_share is not None else None
-    size = frontend.parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
-    target = headprobe.MemoryTarget(args.context, share, size, frontend.cache_dtype(args.dtype, args.device),
-                                    args.max_new_tokens)
-    cap, record = headprobe.capacity_for(target, identity)
+    check_count("context", args.context)
+    share = parse_share(args.cache_share) if args.cache_share is not None else None
+    size = parse_bytes(args.cache_bytes) if args.cache_bytes is not None else None
+    target = MemoryTarget(args.context, share, size, cache_dtype(args.dtype, args.device),
+                          args.max_new_tokens)
+    cap, record = capacity_for(target, identity)
     return [cap], record
 
 
 def run(args: argparse.Namespace) -> int:
-    with headprobe.process_group(args.device) as ranks:     # one process unless started by torchrun
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.distributed.ranks import process_group
+
+    with process_group(args.device) as ranks:     # one process unless started by torchrun
         return _tune(args, ranks)
 
 
-def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
+def _tune(args: argparse.Namespace, ranks: Ranks) -> int:
+    # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.explain.model_shape import model_shape
+    from headprobe.tune.candidates import tune_profiles
+    from headprobe.tune.report import check_tune_outputs, format_tune_report, write_tune_outputs
+    from headprobe.tune.request import TuneRequest, TuneTask
+    from headprobe.tune.runner import run_tune
+    from headprobe.tune.space import SearchSpace, count_candidates, parse_tune_values
+    from headprobe.tune.space_check import ShapeOnly, check_tune_space
+
     if args.resume and args.force:
         raise HeadprobeError("--resume with --force: choose one (--resume continues the eval runs, --force starts "
                              "them over)")
     check_task_flags(args, TASKS)       # a flag of another task would be ignored
-    frontend.check_count("max_new_tokens", args.max_new_tokens)
+    check_count("max_new_tokens", args.max_new_tokens)
     chat_template = chat_template_wanted(args)          # a contradiction fails before the model loads
-    rule = headprobe.HalvingRule(args.eta, args.level, args.resamples, args.seed)
-    space = headprobe.SearchSpace(tuple(args.policies or ()), tuple(args.allocations or ()),
-                                  frontend.parse_tune_values(args.values), tuple(args.head_kinds or ()),
-                                  args.keep_selections, not args.no_preset_candidates)
+    rule = HalvingRule(args.eta, args.level, args.resamples, args.seed)
+    space = SearchSpace(tuple(args.policies or ()), tuple(args.allocations or ()),
+                        parse_tune_values(args.values), tuple(args.head_kinds or ()),
+                        args.keep_selections, not args.no_preset_candidates)
     space.check()
-    presets = headprobe.parse_settings(list(args.presets) if args.presets is not None else list(headprobe.EVAL_PRESETS))
-    for s in headprobe.expand_specs(presets, [64]):      # parsed once: the tune expands these at its capacities
+    presets = parse_settings(list(args.presets) if args.presets is not None else list(EVAL_PRESETS))
+    for s in expand_specs(presets, [64]):      # parsed once: the tune expands these at its capacities
         s.check_policy()
-    identity = frontend.model_shape(args.model)        # the model's shape, without its weights
+    identity = model_shape(args.model)        # the model's shape, without its weights
     capacities, memory = _capacities(args, identity)
-    found = frontend.tune_profiles(identity)
-    n_sel, n_alloc = headprobe.count_candidates(space, found)
+    found = tune_profiles(identity)
+    n_sel, n_alloc = count_candidates(space, found)
     if max(n_sel, n_alloc) > args.max_candidates:
         raise HeadprobeError(f"--max-candidates {args.max_candidates}: the space has {n_sel} selections and up to "
                              f"{n_alloc} allocation-stage candidates per capacity; narrow it (--policies, "
@@ -194,33 +229,33 @@ def _tune(args: argparse.Namespace, ranks: headprobe.Ranks) -> int:
     out = Path(args.out)
     plot = output_figure(args.plot, out)
     if ranks.is_main:
-        frontend.check_tune_outputs(out, capacities, plot, args.resume, args.force)
+        check_tune_outputs(out, capacities, plot, args.resume, args.force)
     task = _task(args)
-    held = headprobe.TuneTask.ruler_ids(task.generation[1]) if task.generation else args.holdout_ids
-    split = headprobe.split_items(task.ids, held, args.holdout_share, args.seed)
-    request = headprobe.TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
-                                    chat_template, not args.no_shared_prefill, memory=memory)
+    held = TuneTask.ruler_ids(task.generation[1]) if task.generation else args.holdout_ids
+    split = split_items(task.ids, held, args.holdout_share, args.seed)
+    request = TuneRequest(capacities, space, split, task, rule, presets, args.max_new_tokens,
+                          chat_template, not args.no_shared_prefill, memory=memory)
     # nothing to race: refused before the load; the run takes the candidates and budgets made here (from the shape)
-    checked = frontend.check_tune_space(frontend.ShapeOnly(identity), request, found)
+    checked = check_tune_space(ShapeOnly(identity), request, found)
     if ranks.is_main:
         print(f"tune: {len(split.calibration)} calibration items ({', '.join(split.calibration)}), "
               f"{len(split.holdout)} held out ({', '.join(split.holdout)}); capacities {capacities}; "
               f"{n_sel} selections, up to {n_alloc} allocation-stage candidates per capacity; "
-              f"{headprobe.plan_trials(request, n_sel, n_alloc).describe()}")
+              f"{plan_trials(request, n_sel, n_alloc).describe()}")
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)           # --prompt-format chat without a template: refused here
 
     def progress(description: str, total: int):
         return tqdm_progress(total, description)
 
-    outcome = headprobe.run_tune(lm, request, out, ranks, resume=args.resume, force=args.force,
-                                 progress=progress, candidates=checked)
+    outcome = run_tune(lm, request, out, ranks, resume=args.resume, force=args.force,
+                       progress=progress, candidates=checked)
     if not ranks.is_main:
         rank_note(ranks, "done; rank 0 writes the report")
         return 0
-    report = headprobe.write_tune_outputs(lm, outcome, out, plot, resumed=args.resume,
-                                         replace=bool(args.force or args.resume))
-    print(headprobe.format_tune_report(report))
+    report = write_tune_outputs(lm, outcome, out, plot, resumed=args.resume,
+                                replace=bool(args.force or args.resume))
+    print(format_tune_report(report))
     for name in report["files"].values():
         print(f"wrote {out.parent / name}")
     return 0

@@ -9,15 +9,22 @@ import contextlib
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import headprobe as hp
-from headprobe import frontend
+from headprobe.errors import HeadprobeError
+from headprobe.eval.babi import BABI_TASKS
+from headprobe.haystack.prompt_format import PROMPT_FORMATS, wants_chat_template
+from headprobe.models.loading import DTYPES, LoadedModel
+from headprobe.models.placement import parse_max_memory
+from headprobe.models.registry import DEFAULT_MODEL
+
+if TYPE_CHECKING:
+    from headprobe.distributed.ranks import Ranks
 
 MODEL_HELP = "alias, Hugging Face id or local directory"
 
 
-def add_model_argument(parser: argparse.ArgumentParser, default: str | None = hp.DEFAULT_MODEL,
+def add_model_argument(parser: argparse.ArgumentParser, default: str | None = DEFAULT_MODEL,
                        help: str = MODEL_HELP) -> None:
     """``--model``: which model (``headprobe models`` lists the aliases)."""
     parser.add_argument("--model", default=default, help=help)
@@ -29,7 +36,7 @@ def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default=None,
                         help="cpu, cuda, cuda:N or auto (device_map=auto); unset: the GPU if there is one, "
                              "else the CPU")
-    parser.add_argument("--dtype", default="auto", choices=hp.DTYPES,
+    parser.add_argument("--dtype", default="auto", choices=DTYPES,
                         help="auto: bfloat16 on a GPU, float32 on the CPU")
     parser.add_argument("--trust-remote-code", action="store_true", help="allow models that run their own code")
     parser.add_argument("--max-memory", nargs="+", metavar="DEVICE=SIZE",
@@ -40,17 +47,21 @@ def add_loading_arguments(parser: argparse.ArgumentParser) -> None:
                              "needs none)")
 
 
-def load_model(args: argparse.Namespace, ranks: hp.Ranks | None = None) -> hp.LoadedModel:
+def load_model(args: argparse.Namespace, ranks: Ranks | None = None) -> LoadedModel:
     """The model named by :func:`add_loading_arguments`' arguments.
 
     Under ``torchrun`` (``ranks``) each rank loads its own copy on its own device (GPU ``LOCAL_RANK``), the
     first rank of each machine before the others (it converts and caches the files once).
     """
-    max_memory = frontend.parse_max_memory(args.max_memory) if args.max_memory else None
+    # the library's load_model, imported here: this function's own name hides it at module level
+    from headprobe.models.loading import load_model
+
+    max_memory = parse_max_memory(args.max_memory) if args.max_memory else None
     device = ranks.device(args.device) if ranks is not None else args.device
     with ranks.local_main_first() if ranks is not None else contextlib.nullcontext():
-        return hp.load_model(args.model, device=device, dtype=args.dtype, trust_remote_code=args.trust_remote_code,
-                             max_memory=max_memory, offload_folder=args.offload_folder)
+        return load_model(args.model, device=device, dtype=args.dtype,
+                          trust_remote_code=args.trust_remote_code, max_memory=max_memory,
+                          offload_folder=args.offload_folder)
 
 
 #: What ``--prompt-format plain`` renders, for the commands that build the prompts themselves.
@@ -69,7 +80,7 @@ def add_prompt_format_arguments(parser: argparse.ArgumentParser, plain_flag: str
     plain_help
         What the plain form is, for the command's help.
     """
-    parser.add_argument("--prompt-format", choices=hp.PROMPT_FORMATS, default="auto",
+    parser.add_argument("--prompt-format", choices=PROMPT_FORMATS, default="auto",
                         help=f"chat: the model's chat template; plain: {plain_help}; auto (default): chat when "
                              "the tokenizer has a chat template, else plain")
     parser.add_argument(plain_flag, dest="no_chat_template", action="store_true", help="same as --prompt-format plain")
@@ -78,21 +89,24 @@ def add_prompt_format_arguments(parser: argparse.ArgumentParser, plain_flag: str
 def chat_template_wanted(args: argparse.Namespace) -> bool:
     """The library's ``chat_template`` switch for :func:`add_prompt_format_arguments`' arguments; a
     contradiction (``--prompt-format chat`` with ``--no-chat-template``) is refused before the model loads."""
-    return frontend.wants_chat_template(args.prompt_format, not args.no_chat_template)
+    return wants_chat_template(args.prompt_format, not args.no_chat_template)
 
 
 def resolve_prompt_format(args: argparse.Namespace, tokenizer: Any) -> str:
     """The form the run uses (``"chat"`` or ``"plain"``) once the model is loaded; ``--prompt-format chat``
     for a tokenizer without a chat template is refused here, before any work."""
-    return frontend.resolve_prompt_format(tokenizer, args.prompt_format, not args.no_chat_template)
+    # the library's resolve_prompt_format, imported here: this function's own name hides it at module level
+    from headprobe.haystack.prompt_format import resolve_prompt_format
+
+    return resolve_prompt_format(tokenizer, args.prompt_format, not args.no_chat_template)
 
 
-def rank_progress(ranks: hp.Ranks, progress: Callable[..., Any] | None) -> Callable[..., Any] | None:
+def rank_progress(ranks: Ranks, progress: Callable[..., Any] | None) -> Callable[..., Any] | None:
     """Progress bars on rank 0 only: the ranks share one terminal."""
     return progress if ranks.is_main else None
 
 
-def rank_note(ranks: hp.Ranks, text: str) -> None:
+def rank_note(ranks: Ranks, text: str) -> None:
     """A line on stderr from a rank other than 0 (``rank 1/2: ...``); rank 0 reports the merged run."""
     if not ranks.is_main:
         print(f"rank {ranks.rank}/{ranks.world_size}: {text}", file=sys.stderr)
@@ -176,7 +190,7 @@ def add_task_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--depths", nargs="+", type=float, default=unset([0, 50, 100]),
                         help="needle depths in percent")
     parser.add_argument("--babi-count", type=int, default=unset(8), help="bAbI-style questions (--task babi)")
-    parser.add_argument("--babi-tasks", nargs="+", default=unset(list(hp.BABI_TASKS)), help="question types")
+    parser.add_argument("--babi-tasks", nargs="+", default=unset(list(BABI_TASKS)), help="question types")
     parser.add_argument("--dataset", help="--task dataset: local file/folder or hub name")
     parser.add_argument("--split", default=None, metavar="NAME",
                         help="--task dataset: the split of a folder or hub dataset holding several (default: its "
@@ -219,11 +233,11 @@ def check_task_flags(args: argparse.Namespace, tasks: Sequence[str]) -> None:
         if args.task not in readers and typed(args, dest):
             names = [t for t in readers if t in tasks]
             listed = ", ".join(names[:-1]) + (" or " if len(names) > 1 else "") + names[-1]
-            raise hp.HeadprobeError(f"--{dest.replace('_', '-')}: applies to --task {listed} only, not "
-                                    f"--task {args.task}")
+            raise HeadprobeError(f"--{dest.replace('_', '-')}: applies to --task {listed} only, not "
+                                 f"--task {args.task}")
     if args.task == "dataset" and typed(args, "split") and args.dataset and Path(args.dataset).is_file():
-        raise hp.HeadprobeError(f"--split {args.split}: chooses a split of a dataset folder or hub dataset; "
-                                f"--dataset {args.dataset} is one file, read whole")
+        raise HeadprobeError(f"--split {args.split}: chooses a split of a dataset folder or hub dataset; "
+                             f"--dataset {args.dataset} is one file, read whole")
     for dest in TASK_READERS:
         setattr(args, dest, plain(getattr(args, dest, None)))
 
@@ -243,9 +257,17 @@ def figure_path(text: str) -> Path:
     fmt = path.suffix.lstrip(".").lower()
     if not fmt:
         return path.with_suffix(".png")
-    if fmt not in hp.PLOT_FORMATS:
-        raise hp.HeadprobeError(f"{text}: plot format must be one of {', '.join(hp.PLOT_FORMATS)}, got {fmt!r}")
+    _check_plot_format(text, fmt)
     return path
+
+
+def _check_plot_format(text: str, fmt: str) -> None:
+    """Refuse a suffix that is not a plot format (a name without one needs no check, nor matplotlib)."""
+    # loads matplotlib: imported when a figure is named, not for --help
+    from headprobe.plots.profile_figures import PLOT_FORMATS
+
+    if fmt not in PLOT_FORMATS:
+        raise HeadprobeError(f"{text}: plot format must be one of {', '.join(PLOT_FORMATS)}, got {fmt!r}")
 
 
 class LazyChoices(Sequence[str]):

@@ -6,8 +6,10 @@ parameters they set (errors raised while the command runs spell parameters as it
 from :class:`headprobe.HeadprobeError` are printed as one line (``headprobe: error: ...``) with exit
 status 2; ``--debug`` shows the traceback instead.
 
-Building the parser imports no torch, transformers or matplotlib (``headprobe`` imports its names on first
-use): a command imports what it needs inside its ``run``, so ``headprobe --help`` answers at once.
+Building the parser imports no torch, transformers or matplotlib: a command module imports each library
+name from the module that defines it (a public name of :mod:`headprobe` or :mod:`headprobe.frontend`), at
+the top of the module when that module loads none of them, else inside the function that uses it, when the
+command runs; so ``headprobe --help`` answers at once.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pathlib import Path
 from typing import NoReturn, TextIO
 
 import headprobe
-from headprobe import frontend
+from headprobe.errors import HeadprobeError, flag_spelling
 
 #: The commands, in the order ``--help`` lists them, with their one-line help; ``cmd_NAME.register`` fills
 #: each one's parser. Only the command a line names is imported, so ``headprobe --help`` loads no command.
@@ -119,9 +121,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     module = importlib.import_module(f"headprobe_cli.cmd_{args.command}")
     try:
-        with frontend.flag_spelling(getattr(module, "FLAGS", {})), one_line_warnings():
+        with flag_spelling(getattr(module, "FLAGS", {})), one_line_warnings():
             result = args.func(args)
-    except headprobe.HeadprobeError as exc:
+    except HeadprobeError as exc:
         if args.debug:
             raise
         print(f"headprobe: error: {exc}", file=sys.stderr)

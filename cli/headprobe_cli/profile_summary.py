@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import headprobe
+from headprobe.profile import Profile
 
 #: Heads listed per head-score profile.
 TOP_HEADS = 5
@@ -15,7 +15,7 @@ TOP_HEADS = 5
 TOP_LAYERS = 3
 
 
-def head_lines(profile: headprobe.Profile, top: int = TOP_HEADS) -> list[str]:
+def head_lines(profile: Profile, top: int = TOP_HEADS) -> list[str]:
     """The ``top`` query heads of a head-score profile by score, each with its bootstrap interval when the
     profile has one: ``L12.H3 0.412 [0.318, 0.507]``."""
     scores = np.asarray(profile.query_heads, dtype=float)             # [layers, query heads]
@@ -35,7 +35,7 @@ def head_lines(profile: headprobe.Profile, top: int = TOP_HEADS) -> list[str]:
     return cells
 
 
-def retention_line(profile: headprobe.Profile, top: int = TOP_LAYERS) -> str:
+def retention_line(profile: Profile, top: int = TOP_LAYERS) -> str:
     """The layers whose retention share, averaged over the profile's tasks, is largest."""
     tasks = profile.retention or {}
     means = [np.asarray(t.mean, dtype=float) for t in tasks.values()]
@@ -58,7 +58,7 @@ def summary_lines(paths: list[Path], default_dir: Path | None = None) -> list[st
     """
     if not paths:
         return []
-    profiles = [(Path(p), headprobe.Profile.load(p)) for p in paths]
+    profiles = [(Path(p), Profile.load(p)) for p in paths]
     lines = ["", "what the profiles hold:"]
     for _, profile in profiles:
         if profile.kind == "layer_retention":

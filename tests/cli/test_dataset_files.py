@@ -9,6 +9,7 @@ import pytest
 from headprobe_cli.main import main
 
 import headprobe
+from headprobe.models import loading
 
 ROWS = [{"key": "k1", "doc": "Ana keeps her bicycle in the red shed behind the school.", "q": "Where is the bicycle?",
          "a": "the red shed"},
@@ -36,7 +37,7 @@ def _run(argv, monkeypatch, capsys):
     def load_model(*args, **kwargs):
         raise headprobe.HeadprobeError("the data was read; the model would load now")
 
-    monkeypatch.setattr(headprobe, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     status = main(argv)
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("headprobe: error:")]
     assert len(err) == 1, err

@@ -12,6 +12,8 @@ import pytest
 from headprobe_cli.main import main
 
 import headprobe
+from headprobe.distributed import profile_ranks
+from headprobe.models import loading
 
 ROOT = Path(__file__).resolve().parents[2]
 ROWS = [{"doc": "The river ran past the old mill. The secret code is blue tulip seven.", "q": "Which code?",
@@ -41,8 +43,8 @@ def stop_at_load(monkeypatch):
     def stop(*args, **kwargs):
         raise headprobe.HeadprobeError("reached the model")
 
-    monkeypatch.setattr(headprobe, "load_model", stop)
-    monkeypatch.setattr(headprobe, "check_profile_run_on_ranks", stop)
+    monkeypatch.setattr(loading, "load_model", stop)
+    monkeypatch.setattr(profile_ranks, "check_profile_run_on_ranks", stop)
 
 
 def _error(capsys, argv: list[str]) -> str:

@@ -104,12 +104,12 @@ def test_the_context_check_counts_the_tokens_generate_feeds_the_model(smollm2, c
 
 
 def test_generate_refuses_a_ratio_out_of_range_before_the_model_loads(monkeypatch, capsys):
-    import headprobe
+    from headprobe.models import loading
 
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(headprobe, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     assert main(["generate", "--ratio", "2", "hello"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["headprobe: error: --ratio 2.0: expected a number in (0, 1]"]
 

@@ -20,6 +20,7 @@ from headprobe_cli.main import main
 import headprobe
 from headprobe.eval import EvalResult
 from headprobe.files.trial_log import read_log
+from headprobe.models import loading
 from headprobe.profile import Profile, reduce_groups
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,7 +32,7 @@ def no_model_load(monkeypatch):
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(headprobe, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
 
 
 def _profile_argv(model: Path, *extra: str) -> list[str]:

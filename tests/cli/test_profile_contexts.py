@@ -10,6 +10,8 @@ from headprobe_cli.main import main
 
 import headprobe
 from headprobe import Profile
+from headprobe.distributed import profile_ranks
+from headprobe.models import loading
 
 ROWS = [{"doc": "The river ran past the old mill. The secret code is blue tulip seven.", "q": "Which code?",
          "a": "blue tulip seven"},
@@ -49,7 +51,7 @@ def test_all_means_the_probes_of_own_examples_with_contexts(own, tiny_dir, tmp_p
         seen["options"] = {k: dict(v) for k, v in request.options.items()}
         raise headprobe.HeadprobeError("stop here")
 
-    monkeypatch.setattr(headprobe, "check_profile_run_on_ranks", check)
+    monkeypatch.setattr(profile_ranks, "check_profile_run_on_ranks", check)
     assert main(["profile", "--model", str(tiny_dir), "--contexts", str(own), "--out-dir", str(tmp_path)]) == 2
     assert seen["probes"] == ("context_retrieval", "context_enhanced_retrieval", "query_focus")
     assert seen["options"] == {"contexts": {"file": str(own)}, "query_focus": {"file": str(own)}}
@@ -78,7 +80,7 @@ def test_refusals_come_before_the_model_loads(own, tiny_dir, tmp_path, monkeypat
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(headprobe, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     fill = {"tmp": str(tmp_path), "own": str(own), "empty": str(empty)}

@@ -1,10 +1,9 @@
 """The command line starts without torch, transformers or matplotlib; it reaches the library only through
 the public API of ``headprobe`` and the front-end helpers of ``headprobe.frontend``, every name of which
-resolves to the module that defines it."""
+resolves to the module that defines it (the command line imports each from there: test_cli_imports.py)."""
 
 from __future__ import annotations
 
-import ast
 import importlib
 import inspect
 import json
@@ -90,39 +89,6 @@ def test_public_names_do_not_shadow_submodules_and_unknown_names_fail():
     assert headprobe.paths.shipped_profiles_dir().is_dir()   # submodules still resolve as attributes
     with pytest.raises(AttributeError, match="no attribute 'nosuch'"):
         headprobe.nosuch  # noqa: B018
-
-
-def _names_the_command_line_uses() -> dict[str, set[str]]:
-    """``{"headprobe": names, "frontend": names}`` the command line's modules read, checking how they import."""
-    used: dict[str, set[str]] = {"headprobe": set(), "frontend": set()}
-    for path in sorted((ROOT / "cli" / "headprobe_cli").glob("*.py")):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                assert not node.module.startswith("headprobe."), f"{path.name}: from {node.module} import ..."
-                if node.module == "headprobe":
-                    for alias in node.names:
-                        assert alias.name in (*headprobe.__all__, "frontend"), f"{path.name}: {alias.name}"
-                        used["headprobe"].add(alias.name)
-            elif isinstance(node, ast.Import):
-                assert not any(a.name.startswith("headprobe.") for a in node.names), path.name
-            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
-                    and not node.attr.startswith("__"):
-                if node.value.id in ("headprobe", "hp"):
-                    assert node.attr in headprobe.__all__, f"{path.name}: headprobe.{node.attr} is not public"
-                    used["headprobe"].add(node.attr)
-                elif node.value.id == "frontend":
-                    assert node.attr in headprobe.frontend.__all__, f"{path.name}: frontend.{node.attr} is not listed"
-                    used["frontend"].add(node.attr)
-    return used
-
-
-def test_the_command_line_uses_only_the_public_api_and_the_frontend():
-    _names_the_command_line_uses()
-
-
-def test_every_frontend_name_is_one_the_command_line_needs():
-    # the front-end module is the command line's boundary, not a second home for internals
-    assert set(headprobe.frontend.__all__) == _names_the_command_line_uses()["frontend"]
 
 
 def test_profile_help_lists_the_probes_by_their_profile_kinds():

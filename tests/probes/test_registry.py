@@ -19,6 +19,7 @@ import headprobe
 from headprobe import HeadprobeError, Profile, ProfileRequest, run_profile
 from headprobe.attention import RowRecorder, RowRequest
 from headprobe.haystack.context import render_prompt
+from headprobe.models import loading
 from headprobe.models.identity import ModelIdentity
 from headprobe.probes import registry
 from headprobe.probes.pass_steps import PassSteps
@@ -208,7 +209,7 @@ def test_a_registered_pass_is_checked_before_the_model_loads(sink_pass, tiny_dir
     def load_model(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(headprobe, "load_model", load_model)
+    monkeypatch.setattr(loading, "load_model", load_model)
     assert main(["profile", "--model", str(tiny_dir), "--probe", "toy_sink", "--out-dir", str(tmp_path), *extra]) == 2
     err = [x for x in capsys.readouterr().err.splitlines() if x.startswith("headprobe: error:")]
     assert len(err) == 1 and message in err[0], err

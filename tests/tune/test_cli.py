@@ -8,7 +8,7 @@ import json
 import pytest
 from headprobe_cli.main import main
 
-import headprobe
+from headprobe.models import loading
 
 FAST = ["--lengths", "200", "--depths", "50", "--needle-ids", "r01", "r02", "r03", "--max-new-tokens", "2",
         "--no-chat-template", "--policies", "snapkv", "--allocations", "uniform", "pyramid",
@@ -21,7 +21,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(headprobe, "load_model", refuse)
+    monkeypatch.setattr(loading, "load_model", refuse)
 
 
 def _refused(capsys, argv: list[str]) -> str:

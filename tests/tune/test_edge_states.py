@@ -10,6 +10,7 @@ from tune.synthetic_scores import install
 from tune.test_runner import tiny_request
 
 import headprobe
+from headprobe.models import loading
 from headprobe.tune import run_tune, write_tune_outputs
 from headprobe.tune.runner import runs_dir
 
@@ -90,7 +91,7 @@ def no_model(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the model was loaded before the refusal")
 
-    monkeypatch.setattr(headprobe, "load_model", refuse)
+    monkeypatch.setattr(loading, "load_model", refuse)
 
 
 def test_a_space_with_nothing_to_race_is_refused_before_the_model_loads(capsys, no_model, tiny_dir, tmp_path):
