@@ -18,7 +18,6 @@ the headprobe side and :func:`agreement` run without it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -185,9 +184,3 @@ def agreement(a: Kept, b: Kept) -> Agreement:
             if first is None and x != y:
                 first = (layer, head, tuple(sorted(x - y))[:5], tuple(sorted(y - x))[:5])
     return Agreement(heads, same, counts, jac / heads if heads else 1.0, first)
-
-
-def mean_share(results: Sequence[Agreement]) -> float:
-    """The share of all heads, over several prompts, whose kept positions agree exactly."""
-    heads = sum(r.heads for r in results)
-    return sum(r.same_sets for r in results) / heads if heads else 1.0
