@@ -6,9 +6,8 @@ runtime stores token positions as int32, and no model has a context anywhere nea
 
 from __future__ import annotations
 
+from numbers import Integral
 from typing import Any
-
-import numpy as np
 
 from .errors import HeadprobeError, param
 
@@ -17,8 +16,9 @@ MAX_TOKENS = 2**31 - 1
 
 
 def is_whole_number(value: Any) -> bool:
-    """``True`` for Python and NumPy integers, not for booleans."""
-    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+    """``True`` for Python and NumPy integers (NumPy registers its integer types as
+    :class:`numbers.Integral`), not for booleans."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
 
 
 def check_count(name: str, value: Any, minimum: int = 1, maximum: int = MAX_TOKENS, unit: str = "tokens") -> int:

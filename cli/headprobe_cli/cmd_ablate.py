@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from headprobe.allocation.api import newest_profile
 from headprobe.errors import HeadprobeError
 from headprobe.eval.items import items_from_needles
 from headprobe.files.jsonio import atomic_write_json, check_writable_dir
@@ -15,7 +14,6 @@ from headprobe.haystack.corpus import load_haystack
 from headprobe.haystack.needles import load_needles, shipped_needle_file
 from headprobe.limits import check_count
 from headprobe.probes import trial_grid
-from headprobe.profile import Profile
 
 from .common_args import (
     add_loading_arguments,
@@ -76,8 +74,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _ablate(args: argparse.Namespace, ranks: Ranks) -> int:
     # loads torch and transformers: imported when the command runs, not for --help
+    from headprobe.allocation.api import newest_profile
     from headprobe.distributed.ablation_ranks import run_ablation_on_ranks
     from headprobe.eval.ablation import ablation_log_path, check_ablation_outputs, format_ablation
+    from headprobe.profile import Profile
 
     out = Path(args.out)
     log = ablation_log_path(out)

@@ -7,17 +7,8 @@ import sys
 import warnings
 from pathlib import Path
 
-from headprobe.budget_map import BudgetMap
 from headprobe.errors import HeadprobeError
-from headprobe.eval.result import EvalResult
-from headprobe.file_summary import load_file
 from headprobe.files.jsonio import read_json
-from headprobe.layer_split import LayerSplit
-from headprobe.profile import Profile
-from headprobe.tool_files.duoattention import write_duoattention
-from headprobe.tool_files.engine_windows import write_engine_split
-from headprobe.tool_files.headkv_json import write_headkv_json
-from headprobe.tool_files.layer_list import write_kvpress_ratios, write_layer_list
 
 from .common_args import add_force_argument
 
@@ -63,6 +54,13 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    # loads numpy: imported when the command runs, not for --help
+    from headprobe.budget_map import BudgetMap
+    from headprobe.profile import Profile
+    from headprobe.tool_files.duoattention import write_duoattention
+    from headprobe.tool_files.headkv_json import write_headkv_json
+    from headprobe.tool_files.layer_list import write_kvpress_ratios, write_layer_list
+
     if args.to in SPLIT_TARGETS:
         return _run_split(args)
     src = _profile_or_budget(args.input)
@@ -100,6 +98,10 @@ def run(args) -> int:
 
 def _profile_or_budget(path: str):
     """The profile or budget map at ``path``; an eval result is refused (nothing in it exports)."""
+    # loads numpy: imported when the command runs, not for --help
+    from headprobe.eval.result import EvalResult
+    from headprobe.file_summary import load_file
+
     src = load_file(path)
     if isinstance(src, EvalResult):
         raise HeadprobeError(f"{path}: an eval result; export takes a profile or a budget map")
@@ -108,6 +110,10 @@ def _profile_or_budget(path: str):
 
 def _run_split(args) -> int:
     """``--to vllm|tensorrt-llm|llama.cpp``: a split file or a layer-split budget map, as the engine reads it."""
+    # loads numpy: imported when the command runs, not for --help
+    from headprobe.layer_split import LayerSplit
+    from headprobe.tool_files.engine_windows import write_engine_split
+
     obj = read_json(args.input)
     fmt = obj.get("format") if isinstance(obj, dict) else None
     src = LayerSplit.load(args.input) if fmt == "headprobe.layer_split" else _profile_or_budget(args.input)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 
-from headprobe.file_summary import summarize_file
-
 
 def register(p: argparse.ArgumentParser) -> None:
     """Fill the parser ``main`` made for this command (its name and one-line help are ``main.COMMANDS``)."""
@@ -21,6 +19,9 @@ def register(p: argparse.ArgumentParser) -> None:
 
 
 def run(args) -> int:
+    # loads numpy: imported when the command runs, not for --help
+    from headprobe.file_summary import summarize_file
+
     for i, path in enumerate(args.files):
         if i:
             print()

@@ -8,14 +8,11 @@ from typing import TYPE_CHECKING
 
 from headprobe.errors import HeadprobeError
 from headprobe.eval.ruler_generate import RulerGeneration, check_ruler_generation
-from headprobe.eval.settings import EVAL_PRESETS, expand_specs, parse_settings
 from headprobe.haystack.corpus import load_haystack
 from headprobe.haystack.needles import shipped_needle_file
 from headprobe.limits import check_count
 from headprobe.models.loading import model_identity
 from headprobe.probes import trial_grid
-from headprobe.tune.halving import HalvingRule
-from headprobe.tune.plan import plan_trials
 from headprobe.tune.split import split_items
 
 from .common_args import (
@@ -195,9 +192,12 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _tune(args: argparse.Namespace, ranks: Ranks) -> int:
-    # loads torch and transformers: imported when the command runs, not for --help
+    # loads torch and transformers (numpy for the others): imported when the command runs, not for --help
+    from headprobe.eval.settings import EVAL_PRESETS, expand_specs, parse_settings
     from headprobe.explain.model_shape import model_shape
     from headprobe.tune.candidates import tune_profiles
+    from headprobe.tune.halving import HalvingRule
+    from headprobe.tune.plan import plan_trials
     from headprobe.tune.report import check_tune_outputs, format_tune_report, write_tune_outputs
     from headprobe.tune.request import TuneRequest, TuneTask
     from headprobe.tune.runner import run_tune

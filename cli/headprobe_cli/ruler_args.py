@@ -12,8 +12,6 @@ from headprobe.errors import HeadprobeError
 from headprobe.eval.answer_tasks import LongBenchQA
 from headprobe.eval.ruler_data import load_ruler_dir
 from headprobe.eval.ruler_generate import RulerGeneration, check_ruler_generation, generate_ruler
-from headprobe.eval.ruler_task import RulerTask, format_ruler_scores, ratio_capacities, ruler_scores
-from headprobe.eval.settings import expand_settings
 from headprobe.models.loading import model_identity
 
 from .common_args import chat_template_wanted, plain, typed
@@ -111,7 +109,9 @@ def ruler_examples(plan: RulerPlan, tokenizer: Any) -> list[Any]:
 def ratio_settings(args: argparse.Namespace, lm: LoadedModel, examples: list[Any], answer_task: Any,
                    max_length: int) -> tuple[list[Any], dict[str, int]]:
     """The settings at the capacities ``--ratios`` come to for these prompts, and ``{ratio: capacity}``."""
-    # loads torch and transformers: imported when the command runs, not for --help
+    # loads torch and transformers (numpy for the others): imported when the command runs, not for --help
+    from headprobe.eval.ruler_task import ratio_capacities
+    from headprobe.eval.settings import expand_settings
     from headprobe.runtime.generate import parse_policy_options
     from headprobe.runtime.policies import POLICIES
 
@@ -139,6 +139,9 @@ def dataset_run(args: argparse.Namespace, lm: LoadedModel, plan: RulerPlan | Non
                 settings: list[Any]) -> DatasetRun:
     """Once the model is loaded: RULER's examples (generated if need be) and answer task, and the settings at
     the capacities ``--ratios`` come to."""
+    # loads numpy: imported when the command runs, not for --help
+    from headprobe.eval.ruler_task import RulerTask
+
     if plan is None:
         task: Any = LongBenchQA()
         max_length, new_tokens, name = args.max_length, args.max_new_tokens, str(args.dataset)
@@ -158,6 +161,9 @@ def dataset_run(args: argparse.Namespace, lm: LoadedModel, plan: RulerPlan | Non
 def ruler_summary(result: Any, out: Any) -> str:
     """RULER's score per setting and task with the full cache's beside it, recorded in the result under
     ``ruler_scores`` (the result is written again)."""
+    # loads numpy: imported when the command runs, not for --help
+    from headprobe.eval.ruler_task import format_ruler_scores, ruler_scores
+
     rows = ruler_scores(result)
     result.extra["ruler_scores"] = rows
     result.save(out, force=True)

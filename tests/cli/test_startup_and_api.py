@@ -173,3 +173,14 @@ def test_a_command_parsed_alone_equals_the_same_command_in_the_whole_parser():
         alone = build_parser(only=name)._subparsers._group_actions[0].choices[name]
         whole = build_parser()._subparsers._group_actions[0].choices[name]
         assert alone.format_help() == whole.format_help(), name
+
+
+@pytest.mark.parametrize("command", ["inspect", "export", "explain", "tune", "ablate"])
+def test_the_help_of_a_command_that_lists_no_library_values_loads_no_numpy(command):
+    # these commands' options name no profile kind, policy or allocator, so their help needs no NumPy; the
+    # library names they import at module level must not pull it in (it costs about 0.1 s a command line)
+    quiet = "import contextlib, io\nfrom headprobe_cli.main import main\n"
+    loaded = _command_modules_after(
+        quiet + "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
+                f"    main([{command!r}, '--help'])")
+    assert f"headprobe_cli.cmd_{command}" in loaded and "numpy" not in loaded
