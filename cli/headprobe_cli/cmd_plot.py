@@ -10,7 +10,7 @@ from headprobe.errors import HeadprobeError
 from headprobe.eval.result import EvalResult
 from headprobe.file_summary import load_file
 
-from .common_args import LazyChoices, add_force_argument
+from .common_args import LazyChoices, add_force_argument, plot_formats
 
 KINDS = ("auto", "heads", "compare", "retention", "budget", "eval")
 
@@ -32,19 +32,11 @@ def register(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", default="auto", choices=KINDS, help="what to draw (default: from the input)")
     p.add_argument("--granularity", default="query", choices=["query", "kv"], help="query or KV heads")
     p.add_argument("--top-k", type=int, default=5, help="heads to box and number")
-    p.add_argument("--format", default=None, choices=LazyChoices(_plot_formats), metavar="FORMAT",
+    p.add_argument("--format", default=None, choices=LazyChoices(plot_formats), metavar="FORMAT",
                    help="image format: %(choices)s (default png)")
     p.add_argument("-o", "--output", default=None, help="image file (default: next to the input)")
     add_force_argument(p, "an existing image")
     p.set_defaults(func=run)
-
-
-def _plot_formats() -> tuple[str, ...]:
-    """The image formats ``--format`` takes, for argparse's check of a value given and for ``--help``."""
-    # loads matplotlib: imported when the choices are used, not while the parser is built
-    from headprobe.plots.profile_figures import PLOT_FORMATS
-
-    return PLOT_FORMATS
 
 
 def run(args) -> int:

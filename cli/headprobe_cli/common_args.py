@@ -257,17 +257,17 @@ def figure_path(text: str) -> Path:
     fmt = path.suffix.lstrip(".").lower()
     if not fmt:
         return path.with_suffix(".png")
-    _check_plot_format(text, fmt)
+    if fmt not in plot_formats():
+        raise HeadprobeError(f"{text}: plot format must be one of {', '.join(plot_formats())}, got {fmt!r}")
     return path
 
 
-def _check_plot_format(text: str, fmt: str) -> None:
-    """Refuse a suffix that is not a plot format (a name without one needs no check, nor matplotlib)."""
-    # loads matplotlib: imported when a figure is named, not for --help
+def plot_formats() -> tuple[str, ...]:
+    """The image formats a figure may be written in (``--format``, a figure name's suffix)."""
+    # loads matplotlib: imported when a format is checked or listed, not while the parser is built
     from headprobe.plots.profile_figures import PLOT_FORMATS
 
-    if fmt not in PLOT_FORMATS:
-        raise HeadprobeError(f"{text}: plot format must be one of {', '.join(PLOT_FORMATS)}, got {fmt!r}")
+    return PLOT_FORMATS
 
 
 class LazyChoices(Sequence[str]):
