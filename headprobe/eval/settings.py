@@ -348,6 +348,10 @@ def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
     if alloc is not None and ALLOCATORS[alloc].policy not in (None, policy):
         raise HeadprobeError(f"{param('spec', spec)}: allocation {alloc} runs under the {ALLOCATORS[alloc].policy} "
                              f"policy only (an engine's rule), not {policy}")
+    if alloc is not None and ALLOCATORS[alloc].policy is not None:    # a split is one context's, not a capacity's
+        raise HeadprobeError(f"{param('spec', spec)}: allocation {alloc} makes a layer split for one context and "
+                             f"window; make it with `headprobe allocate --method {alloc} --window W --prompt-len N "
+                             f"-o split.json` and run {ALLOCATORS[alloc].policy}:split.json")
     profs = tuple(p for p in parts[2].split(",") if p) if len(parts) > 2 else ()
     for p in profs:
         if p not in PROFILE_KINDS and not Path(p).is_file():

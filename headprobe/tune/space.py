@@ -190,6 +190,10 @@ class SearchSpace:
         for a in self.allocations:
             if a not in ALLOCATORS:
                 raise HeadprobeError(f"{param('allocations', a)}: expected some of {', '.join(ALLOCATORS)}")
+            if ALLOCATORS[a].policy is not None:
+                raise HeadprobeError(f"{param('allocations', a)}: makes a layer split for one context, which tune "
+                                     f"does not search; make one with `headprobe allocate --method {a}` and "
+                                     f"compare it held out with --presets {ALLOCATORS[a].policy}:split.json")
         for k in self.head_kinds:
             if k not in HEAD_SCORE_KINDS:
                 raise HeadprobeError(f"{param('head_kinds', k)}: expected some of {', '.join(HEAD_SCORE_KINDS)}")

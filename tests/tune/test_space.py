@@ -150,6 +150,21 @@ def test_bad_spaces_are_refused_in_one_line(space, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+def test_allocations_bound_to_one_policy_are_refused_with_the_way_to_run_them():
+    """A layer split is made for one context and window, not at tune's capacities: each allocation the registry
+    binds to one policy is refused before any trial, naming allocate and the preset form that runs it."""
+    from headprobe.allocation.registry import ALLOCATORS
+
+    bound = [name for name, allocator in ALLOCATORS.items() if allocator.policy is not None]
+    assert bound, "the registry holds the layer-split allocations"
+    for name in bound:
+        with pytest.raises(HeadprobeError) as err:
+            SearchSpace(allocations=(name,)).check()
+        message = str(err.value)
+        assert f"allocations={name!r}" in message and f"allocate --method {name}" in message
+        assert f"--presets {ALLOCATORS[name].policy}:split.json" in message and "\n" not in message
+
+
 def test_head_kinds_are_the_registered_head_score_kinds():
     """Tune searches every registered pass's head-score kinds: the shipped own-data kinds and a pass
     registered later, without a second list to edit."""

@@ -119,6 +119,18 @@ def test_split_file_is_an_eval_setting(tiny_llama, tmp_path):
         expand_settings(["snapkv:layer_split"], [32])
 
 
+@pytest.mark.parametrize("allocation", ["layer_split", "layer_split_heads", "layer_split_random"])
+def test_a_split_allocated_at_a_capacity_is_refused_with_the_way_to_run_it(allocation):
+    """A split is sized at one context and window, so ``layer_window:ALLOCATION@C`` cannot make one; the refusal
+    (before any model loads) names allocate and the file setting, instead of failing later on the window."""
+    with pytest.raises(HeadprobeError) as err:
+        expand_settings([f"layer_window:{allocation}"], [200])
+    message = str(err.value)
+    assert f"allocation {allocation} makes a layer split for one context and window" in message
+    assert f"allocate --method {allocation} --window W --prompt-len N" in message
+    assert "run layer_window:split.json" in message and "\n" not in message
+
+
 @pytest.mark.slow
 def test_smollm2_split_keeps_exact_windows(smollm2):
     layers = tuple(GLOBAL if i in (0, 1, 2, 11) else 64 for i in range(30))
