@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from headprobe.allocation.layer_split_choice import split_budget_map
+from headprobe.allocation.registry import ALLOCATORS
 from headprobe.errors import HeadprobeError
 from headprobe.eval.settings import expand_settings
 from headprobe.layer_split import GLOBAL, LayerSplit
@@ -119,7 +120,7 @@ def test_split_file_is_an_eval_setting(tiny_llama, tmp_path):
         expand_settings(["snapkv:layer_split"], [32])
 
 
-@pytest.mark.parametrize("allocation", ["layer_split", "layer_split_heads", "layer_split_random"])
+@pytest.mark.parametrize("allocation", [name for name, a in ALLOCATORS.items() if a.policy == "layer_window"])
 def test_a_split_allocated_at_a_capacity_is_refused_with_the_way_to_run_it(allocation):
     """A split is sized at one context and window, so ``layer_window:ALLOCATION@C`` cannot make one; the refusal
     (before any model loads) names allocate and the file setting, instead of failing later on the window."""
