@@ -3,7 +3,7 @@ and kvpress's presses side by side, for ``docs/benchmarks.md``.
 
 Usage::
 
-    python benchmarks/ruler_tables.py RESULT.json [--against snapkv kvpress:snapkv]
+    python benchmarks/ruler_tables.py RESULT.json [MORE.json ...] [--against snapkv kvpress:snapkv]
 
 One row per setting: its ratio (from the result's ``task.ratios``), RULER's score (mean sample score × 100,
 every task of the run together), the full cache's, the bytes the cache held as a share of a full cache's
@@ -12,11 +12,16 @@ headprobe row keeps its capacity), seconds per sample (the prompt forward includ
 ``--against`` name (a setting's name without ``@capacity``) its paired bootstrap interval at the same
 ratio: this row's score minus that setting's, sample by sample on the same prompts (90 %, 2,000 resamples,
 seed 0, tune's bootstrap). ``best-kvpress`` stands for the kvpress press with the best score at the ratio.
+
+Several results of the same samples (a later run adding settings to an earlier one) make one table: a setting
+in more than one keeps its first file's row, and the script stops if the runs answered it differently, so
+a comparison across files rests on identical runs of the shared settings.
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 
@@ -42,6 +47,18 @@ def _rows(result: EvalResult) -> list[dict]:
     return out
 
 
+def _merged(runs: list[list[dict]], paths: list[str]) -> list[dict]:
+    """One row per label over several runs; a label in more than one must have the same items and scores."""
+    by_label: dict[str, dict] = {}
+    for rows, path in zip(runs, paths, strict=True):
+        for row in rows:
+            first = by_label.setdefault(row["label"], row)
+            if first is not row and (first["items"] != row["items"]
+                                     or not np.array_equal(first["scores"], row["scores"])):
+                sys.exit(f"{path}: setting {row['label']} scored differently from the earlier file's run")
+    return list(by_label.values())
+
+
 def _lead(row: dict, other: dict | None, rule: HalvingRule) -> str:
     if other is None or other is row or other["items"] != row["items"]:
         return "-"
@@ -53,11 +70,10 @@ def _lead(row: dict, other: dict | None, rule: HalvingRule) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("result")
+    ap.add_argument("results", nargs="+", metavar="RESULT")
     ap.add_argument("--against", nargs="+", default=["snapkv", "best-kvpress"])
     args = ap.parse_args()
-    result = EvalResult.load(args.result)
-    rows = _rows(result)
+    rows = _merged([_rows(EvalResult.load(path)) for path in args.results], args.results)
     full = next((r for r in rows if r["name"] == "full"), None)
     rule = HalvingRule()
     head = "| setting | ratio | RULER score | full cache | cache bytes / full | tokens attended a head | s / sample |"
