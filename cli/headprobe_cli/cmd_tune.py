@@ -160,7 +160,8 @@ def _task(args: argparse.Namespace) -> TuneTask:
 
 def _capacities(args: argparse.Namespace, identity) -> tuple[list[int], dict | None]:
     # loads torch and transformers: imported when the command runs, not for --help
-    from headprobe.tune.memory import MemoryTarget, cache_dtype, capacity_for, parse_bytes, parse_share
+    from headprobe.sizes import parse_bytes, parse_share
+    from headprobe.tune.memory import MemoryTarget, cache_dtype, capacity_for
 
     if args.cache_share is None and args.cache_bytes is None:
         if args.context is not None:

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
-from ..layer_split import ENGINES, GLOBAL, LayerSplit
+from ..layer_split import DTYPE_BYTES, ENGINES, GLOBAL, LayerSplit
 from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import Profile, kv_head_scores
@@ -59,12 +59,14 @@ ENGINE_RULES: dict[str, EngineRule] = {
 
 @dataclass(frozen=True)
 class SplitTarget:
-    """How much the split may keep: ``global_layers`` layers whole, or at most ``capacity`` tokens per KV
-    head on average at ``context`` tokens (``capacity / context`` of the full cache)."""
+    """How much the split may keep: ``global_layers`` layers whole, at most ``bytes`` of keys and values
+    for one sequence at ``context`` tokens, or at most ``capacity`` tokens per KV head on average at
+    ``context`` tokens (``capacity / context`` of the full cache)."""
 
     context: int
     capacity: int | None = None
     global_layers: int | None = None
+    bytes: int | None = None
 
 
 def layer_scores(profile: Profile, task: str | Mapping[str, float] | None = None,
@@ -98,9 +100,9 @@ def choose_globals(scores: np.ndarray, candidates: list[int], count: int) -> lis
     return sorted(order[:count])
 
 
-def globals_for_target(windows: list[int], candidates: list[int], target: SplitTarget) -> int:
+def globals_for_target(windows: list[int], candidates: list[int], target: SplitTarget, token_bytes: int = 1) -> int:
     """How many candidate layers can stay global within ``target`` (all layers local at their window
-    otherwise).
+    otherwise). ``token_bytes``: the bytes one token takes in one layer (for a ``bytes`` target).
 
     Raises
     ------
@@ -113,12 +115,18 @@ def globals_for_target(windows: list[int], candidates: list[int], target: SplitT
                                  "layers that can stay global")
         return target.global_layers
     n = target.context
-    allowed = target.capacity * len(windows)
     base = sum(min(n, w) for w in windows)
-    if base > allowed:
-        raise HeadprobeError(f"{param('capacity', target.capacity)} at {param('prompt_len', n)}: every layer local "
-                             f"keeps {base / len(windows):.0f} tokens per head on average; lower the window or "
-                             "raise the capacity")
+    if target.bytes is not None:
+        allowed = target.bytes // token_bytes
+        if base > allowed:
+            raise HeadprobeError(f"{param('cache_bytes', target.bytes)} at {param('prompt_len', n)}: every layer "
+                                 f"local keeps {base * token_bytes} bytes; lower the window or raise the bytes")
+    else:
+        allowed = target.capacity * len(windows)
+        if base > allowed:
+            raise HeadprobeError(f"{param('capacity', target.capacity)} at {param('prompt_len', n)}: every layer "
+                                 f"local keeps {base / len(windows):.0f} tokens per head on average; lower the "
+                                 "window or raise the capacity")
     cost = [n - min(n, windows[i]) for i in candidates]
     step = max(cost) if cost else 0
     return len(candidates) if step == 0 else min(len(candidates), (allowed - base) // step)
@@ -159,10 +167,14 @@ def choose_layer_split(model: ModelIdentity, scores: Sequence[float], *, engine:
     if s.shape != (model.num_layers,) or not np.isfinite(s).all():
         raise HeadprobeError(f"layer scores: expected {model.num_layers} finite numbers, found shape {s.shape}")
     candidates = [i for i, t in enumerate(model.layer_types) if t != "sliding_attention"]
-    chosen = choose_globals(s, candidates, globals_for_target(windows, candidates, target))
+    if dtype not in DTYPE_BYTES:
+        raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPE_BYTES)}")
+    token_bytes = 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+    chosen = choose_globals(s, candidates, globals_for_target(windows, candidates, target, token_bytes))
     layers = tuple(GLOBAL if i in chosen else windows[i] for i in range(model.num_layers))
     info = {"scores": [round(float(x), 6) for x in s], "capacity": target.capacity,
-            "global_layers": target.global_layers, **(source or {})}
+            "global_layers": target.global_layers, **({"bytes": target.bytes} if target.bytes is not None else {}),
+            **(source or {})}
     return LayerSplit(model=model, engine=engine, layers=layers, sink=sink, context=target.context, dtype=dtype,
                       source=info)
 

@@ -4,7 +4,8 @@
 ``headprobe allocate --method layer_split --engine vllm --window 256 --ratio 0.25 --prompt-len 4096`` keeps as
 many of the best layers global as a quarter of the full cache at 4,096 tokens allows; ``--global-layers 4``
 keeps four. ``--window`` is the local layers' window, ``--sink`` TensorRT-LLM's sink, ``--capacity`` (or
-``--ratio``) the mean tokens per KV head at ``--prompt-len``, the context the split is sized at.
+``--ratio``) the mean tokens per KV head at ``--prompt-len``, the context the split is sized at, and
+``--cache-bytes 24MiB`` the most bytes of keys and values one sequence keeps there.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..layer_split import ENGINES
 from ..models.identity import ModelIdentity
+from ..sizes import parse_bytes
 from .allocator import Allocator, Source
 from .common import source_entry
 from .dynamickv_offline import retention_shares, task_mix, task_option
@@ -35,7 +37,23 @@ def engine_option() -> str:
 
 
 def global_layers_option() -> int | None:
-    return option(None, "layers kept whole (default: as many as --capacity or --ratio allows at --prompt-len)")
+    return option(None, "layers kept whole (default: as many as --cache-bytes, --capacity or --ratio allows at "
+                  "--prompt-len)")
+
+
+def cache_bytes_option() -> str | None:
+    return option(None, "most bytes of keys and values (bfloat16) one sequence keeps at --prompt-len, e.g. 24MiB")
+
+
+def check_split_target(global_layers: int | None, cache_bytes: str | None) -> None:
+    """Refuse a negative number of global layers, a size that is not one, or both targets at once."""
+    if global_layers is not None and global_layers < 0:
+        raise HeadprobeError(f"{spelled('global_layers', global_layers)}: expected 0 or more")
+    if cache_bytes is not None:
+        parse_bytes(cache_bytes)
+        if global_layers is not None:
+            raise HeadprobeError(f"{spelled('cache_bytes', cache_bytes)}: give it or "
+                                 f"{spelled('global_layers')}, not both")
 
 
 @dataclass(frozen=True)
@@ -44,11 +62,11 @@ class LayerSplitOptions(AllocatorOptions):
 
     engine: str = engine_option()
     global_layers: int | None = global_layers_option()
+    cache_bytes: str | None = cache_bytes_option()
     task: str | Mapping[str, float] | None = task_option()
 
     def check(self) -> None:
-        if self.global_layers is not None and self.global_layers < 0:
-            raise HeadprobeError(f"{spelled('global_layers', self.global_layers)}: expected 0 or more")
+        check_split_target(self.global_layers, self.cache_bytes)
         task_mix(self.task)
 
 
@@ -58,27 +76,30 @@ class LayerSplitHeadsOptions(AllocatorOptions):
 
     engine: str = engine_option()
     global_layers: int | None = global_layers_option()
+    cache_bytes: str | None = cache_bytes_option()
     layer_score: str = option("sum", "a layer's score from its KV-head scores", choices=LAYER_SCORES)
 
     def check(self) -> None:
-        if self.global_layers is not None and self.global_layers < 0:
-            raise HeadprobeError(f"{spelled('global_layers', self.global_layers)}: expected 0 or more")
+        check_split_target(self.global_layers, self.cache_bytes)
 
 
-def split_target(model: ModelIdentity, capacity: CapacityOptions, global_layers: int | None) -> SplitTarget:
-    """The context and memory target from the capacity options (``prompt_len`` is the context; default the
-    model's own context length).
+def split_target(model: ModelIdentity, capacity: CapacityOptions, global_layers: int | None,
+                 cache_bytes: str | None = None) -> SplitTarget:
+    """The context and memory target: ``global_layers``, else ``cache_bytes`` (``"24MiB"``), else the capacity
+    options (``prompt_len`` is the context; default the model's own context length).
 
     Raises
     ------
     HeadprobeError
-        No context length, or neither a capacity, a ratio nor a number of global layers.
+        No context length, or neither a capacity, a ratio, a size nor a number of global layers.
     """
     n = capacity.prompt_len or model.max_context
     if n is None:
         raise HeadprobeError(f"a layer split is sized at a context length: pass {param('prompt_len')}")
     if global_layers is not None:
         return SplitTarget(context=n, global_layers=global_layers)
+    if cache_bytes is not None:
+        return SplitTarget(context=n, bytes=parse_bytes(cache_bytes))
     cap = round(capacity.ratio * n) if capacity.ratio is not None else capacity.capacity
     if cap is None or cap < 1:
         raise HeadprobeError(f"{param('capacity')}: expected tokens per KV head at {param('prompt_len', n)}, or a "
@@ -91,9 +112,10 @@ def _run(name: str, model: ModelIdentity, sources: Sequence[Source], capacity: C
     profile, path = sources[0]
     entry = source_entry(profile, path)
     split = choose_layer_split(model, scores, engine=options.engine, window=capacity.window, sink=capacity.sink,
-                               target=split_target(model, capacity, options.global_layers),
+                               target=split_target(model, capacity, options.global_layers, options.cache_bytes),
                                source={"profile": entry})
-    return split_budget_map(split, name, global_layers=options.global_layers, **recorded)
+    return split_budget_map(split, name, global_layers=options.global_layers, cache_bytes=options.cache_bytes,
+                            **recorded)
 
 
 def run_retention(model, sources, capacity, options: LayerSplitOptions) -> BudgetMap:
@@ -113,5 +135,5 @@ HEADS_ALLOCATOR = Allocator("layer_split_heads", ("head_scores",),
                             "best layers by head scores global, the rest a sliding window (engines' layer split)",
                             LayerSplitHeadsOptions, run_heads, policy=SPLIT_POLICY)
 
-__all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "LayerSplitHeadsOptions", "LayerSplitOptions", "engine_option",
-           "global_layers_option", "split_target")
+__all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "LayerSplitHeadsOptions", "LayerSplitOptions",
+           "cache_bytes_option", "check_split_target", "engine_option", "global_layers_option", "split_target")

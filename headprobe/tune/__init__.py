@@ -24,8 +24,6 @@ __getattr__, __dir__, __all__ = lazy_exports(__name__, {
     "rung_items": "halving",
     "MemoryTarget": "memory",
     "capacity_for": "memory",
-    "parse_bytes": "memory",
-    "parse_share": "memory",
     "TUNE_FORMAT": "report",
     "TUNE_VERSION": "report",
     "check_tune_outputs": "report",

@@ -123,6 +123,38 @@ def test_allocate_writes_a_budget_map_that_carries_the_split():
     assert len(LayerSplit.from_json(bm2.method["layer_split"]).global_layers) == 4
 
 
+def test_bytes_target_keeps_as_many_global_layers_as_the_bytes_allow():
+    retention = hp.load_profile("profiles/smollm2-135m.layer_retention.json")
+    heads = hp.load_profile("profiles/smollm2-135m.retrieval_reasoning.json")
+    token = 2 * 3 * 64 * 2                          # one token of one layer: K and V of 3 KV heads, bfloat16
+    for size, text in ((12 * 2**20, "12MiB"), (40_000_000, "40MB"), (30 * 256 * token, str(30 * 256 * token))):
+        count = (size // token - 30 * 256) // (4096 - 256)
+        for method, profiles in (("layer_split", [retention]), ("layer_split_heads", [heads]),
+                                 ("layer_split_random", [])):
+            bm = hp.allocate(method, profiles, model=SMOLLM2_IDENTITY, window=256, prompt_len=4096,
+                             cache_bytes=text)
+            split = LayerSplit.from_json(bm.method["layer_split"])
+            assert len(split.global_layers) == count
+            assert split.kept_bytes() <= size < split.kept_bytes() + (4096 - 256) * token
+            assert bm.method["cache_bytes"] == text and split.source["bytes"] == size
+    # a byte target of exactly C tokens per KV head makes the capacity target's split
+    by_bytes = hp.allocate("layer_split", [retention], window=256, prompt_len=4096, cache_bytes=str(30 * 1024 * token))
+    by_capacity = hp.allocate("layer_split", [retention], window=256, prompt_len=4096, capacity=1024)
+    assert by_bytes.budgets == by_capacity.budgets
+
+
+def test_bytes_target_refusals():
+    retention = hp.load_profile("profiles/smollm2-135m.layer_retention.json")
+    sized = {"window": 256, "prompt_len": 4096}
+    with pytest.raises(HeadprobeError, match="cache_bytes=5898239 at prompt_len=4096: every layer local keeps "
+                                             "5898240 bytes; lower the window or raise the bytes"):
+        hp.allocate("layer_split", [retention], cache_bytes="5898239", **sized)
+    with pytest.raises(HeadprobeError, match="cache_bytes='lots': expected a size such as 2GiB"):
+        hp.allocate("layer_split", [retention], cache_bytes="lots", **sized)
+    with pytest.raises(HeadprobeError, match="cache_bytes='8MiB': give it or global_layers, not both"):
+        hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, cache_bytes="8MiB", global_layers=2, **sized)
+
+
 # ---- the random baseline: the same split with the global layers drawn at random --------------------------------
 
 def test_random_split_keeps_as_many_global_layers_and_bytes_as_the_chosen_split():

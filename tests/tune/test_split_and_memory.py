@@ -7,7 +7,8 @@ from headprobe import HeadprobeError
 from headprobe.explain.engines.headprobe_runtime import runtime_allocation
 from headprobe.explain.setting import Setting
 from headprobe.models.identity import ModelIdentity
-from headprobe.tune.memory import MemoryTarget, capacity_for, parse_bytes, parse_share
+from headprobe.sizes import parse_bytes, parse_share
+from headprobe.tune.memory import MemoryTarget, capacity_for
 from headprobe.tune.split import hash_order, split_items
 
 IDS = [f"r{i:02d}" for i in range(1, 15)]
