@@ -43,7 +43,7 @@ FLAGS = _flags()
 
 def _add_flag(p: argparse.ArgumentParser, info: Any, default: object, note: str = "") -> None:
     """One flag for one option: a switch for a bool, else a value of the option's type (and choices)."""
-    text = info.help + note
+    text = (info.help + note).replace("%", "%%")           # argparse formats help with %
     if info.cli_type is bool:
         p.add_argument(info.flag, dest=info.name, action="store_true", default=default, help=text)
     else:

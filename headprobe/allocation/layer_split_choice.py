@@ -60,13 +60,14 @@ ENGINE_RULES: dict[str, EngineRule] = {
 @dataclass(frozen=True)
 class SplitTarget:
     """How much the split may keep: ``global_layers`` layers whole, at most ``bytes`` of keys and values
-    for one sequence at ``context`` tokens, or at most ``capacity`` tokens per KV head on average at
-    ``context`` tokens (``capacity / context`` of the full cache)."""
+    for one sequence at ``context`` tokens, at most ``share`` of the full cache there, or at most ``capacity``
+    tokens per KV head on average at ``context`` tokens (``capacity / context`` of the full cache)."""
 
     context: int
     capacity: int | None = None
     global_layers: int | None = None
     bytes: int | None = None
+    share: float | None = None
 
 
 def layer_scores(profile: Profile, task: str | Mapping[str, float] | None = None,
@@ -121,6 +122,12 @@ def globals_for_target(windows: list[int], candidates: list[int], target: SplitT
         if base > allowed:
             raise HeadprobeError(f"{param('cache_bytes', target.bytes)} at {param('prompt_len', n)}: every layer "
                                  f"local keeps {base * token_bytes} bytes; lower the window or raise the bytes")
+    elif target.share is not None:
+        allowed = int(target.share * n * len(windows))
+        if base > allowed:
+            raise HeadprobeError(f"{param('cache_share', target.share)} at {param('prompt_len', n)}: every layer "
+                                 f"local keeps {base / (n * len(windows)):.1%} of the full cache; lower the window "
+                                 "or raise the share")
     else:
         allowed = target.capacity * len(windows)
         if base > allowed:
@@ -174,6 +181,7 @@ def choose_layer_split(model: ModelIdentity, scores: Sequence[float], *, engine:
     layers = tuple(GLOBAL if i in chosen else windows[i] for i in range(model.num_layers))
     info = {"scores": [round(float(x), 6) for x in s], "capacity": target.capacity,
             "global_layers": target.global_layers, **({"bytes": target.bytes} if target.bytes is not None else {}),
+            **({"share": target.share} if target.share is not None else {}),
             **(source or {})}
     return LayerSplit(model=model, engine=engine, layers=layers, sink=sink, context=target.context, dtype=dtype,
                       source=info)

@@ -5,7 +5,7 @@
 many of the best layers global as a quarter of the full cache at 4,096 tokens allows; ``--global-layers 4``
 keeps four. ``--window`` is the local layers' window, ``--sink`` TensorRT-LLM's sink, ``--capacity`` (or
 ``--ratio``) the mean tokens per KV head at ``--prompt-len``, the context the split is sized at, and
-``--cache-bytes 24MiB`` the most bytes of keys and values one sequence keeps there.
+``--cache-bytes 24MiB`` (or ``--cache-share 25%``) the most bytes (share of the full cache) one sequence keeps there.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
 from ..layer_split import ENGINES
 from ..models.identity import ModelIdentity
-from ..sizes import parse_bytes
+from ..sizes import parse_bytes, parse_share
 from .allocator import Allocator, Source
 from .common import source_entry
 from .dynamickv_offline import retention_shares, task_mix, task_option
@@ -45,15 +45,22 @@ def cache_bytes_option() -> str | None:
     return option(None, "most bytes of keys and values (bfloat16) one sequence keeps at --prompt-len, e.g. 24MiB")
 
 
-def check_split_target(global_layers: int | None, cache_bytes: str | None) -> None:
-    """Refuse a negative number of global layers, a size that is not one, or both targets at once."""
-    if global_layers is not None and global_layers < 0:
-        raise HeadprobeError(f"{spelled('global_layers', global_layers)}: expected 0 or more")
-    if cache_bytes is not None:
-        parse_bytes(cache_bytes)
-        if global_layers is not None:
-            raise HeadprobeError(f"{spelled('cache_bytes', cache_bytes)}: give it or "
-                                 f"{spelled('global_layers')}, not both")
+def cache_share_option() -> str | None:
+    return option(None, "most share of the full cache kept at --prompt-len, e.g. 25% or 0.25")
+
+
+def check_split_target(options: AllocatorOptions) -> None:
+    """Refuse a negative number of global layers, a size or share that is not one, or two targets at once."""
+    given = [n for n in ("global_layers", "cache_bytes", "cache_share") if getattr(options, n) is not None]
+    if options.global_layers is not None and options.global_layers < 0:
+        raise HeadprobeError(f"{spelled('global_layers', options.global_layers)}: expected 0 or more")
+    if options.cache_bytes is not None:
+        parse_bytes(options.cache_bytes)
+    if options.cache_share is not None:
+        parse_share(options.cache_share)
+    if len(given) > 1:
+        raise HeadprobeError(f"{spelled(given[1], getattr(options, given[1]))}: give one target, not it and "
+                             f"{spelled(given[0])}")
 
 
 @dataclass(frozen=True)
@@ -63,10 +70,11 @@ class LayerSplitOptions(AllocatorOptions):
     engine: str = engine_option()
     global_layers: int | None = global_layers_option()
     cache_bytes: str | None = cache_bytes_option()
+    cache_share: str | None = cache_share_option()
     task: str | Mapping[str, float] | None = task_option()
 
     def check(self) -> None:
-        check_split_target(self.global_layers, self.cache_bytes)
+        check_split_target(self)
         task_mix(self.task)
 
 
@@ -77,16 +85,17 @@ class LayerSplitHeadsOptions(AllocatorOptions):
     engine: str = engine_option()
     global_layers: int | None = global_layers_option()
     cache_bytes: str | None = cache_bytes_option()
+    cache_share: str | None = cache_share_option()
     layer_score: str = option("sum", "a layer's score from its KV-head scores", choices=LAYER_SCORES)
 
     def check(self) -> None:
-        check_split_target(self.global_layers, self.cache_bytes)
+        check_split_target(self)
 
 
-def split_target(model: ModelIdentity, capacity: CapacityOptions, global_layers: int | None,
-                 cache_bytes: str | None = None) -> SplitTarget:
-    """The context and memory target: ``global_layers``, else ``cache_bytes`` (``"24MiB"``), else the capacity
-    options (``prompt_len`` is the context; default the model's own context length).
+def split_target(model: ModelIdentity, capacity: CapacityOptions, options: AllocatorOptions) -> SplitTarget:
+    """The context and memory target: the options' ``global_layers``, ``cache_bytes`` (``"24MiB"``) or
+    ``cache_share`` (``"25%"``), else the capacity options (``prompt_len`` is the context; default the
+    model's own context length).
 
     Raises
     ------
@@ -96,10 +105,12 @@ def split_target(model: ModelIdentity, capacity: CapacityOptions, global_layers:
     n = capacity.prompt_len or model.max_context
     if n is None:
         raise HeadprobeError(f"a layer split is sized at a context length: pass {param('prompt_len')}")
-    if global_layers is not None:
-        return SplitTarget(context=n, global_layers=global_layers)
-    if cache_bytes is not None:
-        return SplitTarget(context=n, bytes=parse_bytes(cache_bytes))
+    if options.global_layers is not None:
+        return SplitTarget(context=n, global_layers=options.global_layers)
+    if options.cache_bytes is not None:
+        return SplitTarget(context=n, bytes=parse_bytes(options.cache_bytes))
+    if options.cache_share is not None:
+        return SplitTarget(context=n, share=parse_share(options.cache_share))
     cap = round(capacity.ratio * n) if capacity.ratio is not None else capacity.capacity
     if cap is None or cap < 1:
         raise HeadprobeError(f"{param('capacity')}: expected tokens per KV head at {param('prompt_len', n)}, or a "
@@ -107,15 +118,18 @@ def split_target(model: ModelIdentity, capacity: CapacityOptions, global_layers:
     return SplitTarget(context=n, capacity=int(cap))
 
 
+def split_targets(options: AllocatorOptions) -> dict[str, int | str | None]:
+    """The target options as the budget map records them."""
+    return {n: getattr(options, n) for n in ("global_layers", "cache_bytes", "cache_share")}
+
+
 def _run(name: str, model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
          options: AllocatorOptions, scores, recorded: dict) -> BudgetMap:
     profile, path = sources[0]
     entry = source_entry(profile, path)
     split = choose_layer_split(model, scores, engine=options.engine, window=capacity.window, sink=capacity.sink,
-                               target=split_target(model, capacity, options.global_layers, options.cache_bytes),
-                               source={"profile": entry})
-    return split_budget_map(split, name, global_layers=options.global_layers, cache_bytes=options.cache_bytes,
-                            **recorded)
+                               target=split_target(model, capacity, options), source={"profile": entry})
+    return split_budget_map(split, name, **split_targets(options), **recorded)
 
 
 def run_retention(model, sources, capacity, options: LayerSplitOptions) -> BudgetMap:
@@ -136,4 +150,5 @@ HEADS_ALLOCATOR = Allocator("layer_split_heads", ("head_scores",),
                             LayerSplitHeadsOptions, run_heads, policy=SPLIT_POLICY)
 
 __all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "LayerSplitHeadsOptions", "LayerSplitOptions",
-           "cache_bytes_option", "check_split_target", "engine_option", "global_layers_option", "split_target")
+           "cache_bytes_option", "cache_share_option", "check_split_target", "engine_option", "global_layers_option",
+           "split_target", "split_targets")

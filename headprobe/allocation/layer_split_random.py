@@ -21,10 +21,12 @@ from .allocator import Allocator, Source
 from .layer_split_choice import SPLIT_POLICY, choose_layer_split, split_budget_map
 from .layer_split_methods import (
     cache_bytes_option,
+    cache_share_option,
     check_split_target,
     engine_option,
     global_layers_option,
     split_target,
+    split_targets,
 )
 from .options import AllocatorOptions, CapacityOptions, option, spelled
 
@@ -36,10 +38,11 @@ class RandomSplitOptions(AllocatorOptions):
     engine: str = engine_option()
     global_layers: int | None = global_layers_option()
     cache_bytes: str | None = cache_bytes_option()
+    cache_share: str | None = cache_share_option()
     seed: int = option(0, "seed of the random draw of the global layers", filename="seed")
 
     def check(self) -> None:
-        check_split_target(self.global_layers, self.cache_bytes)
+        check_split_target(self)
         if self.seed < 0:
             raise HeadprobeError(f"{spelled('seed', self.seed)}: expected 0 or more")
 
@@ -54,10 +57,8 @@ def run_random(model: ModelIdentity, sources: Sequence[Source], capacity: Capaci
                options: RandomSplitOptions) -> BudgetMap:
     split = choose_layer_split(model, random_layer_scores(model.num_layers, options.seed), engine=options.engine,
                                window=capacity.window, sink=capacity.sink,
-                               target=split_target(model, capacity, options.global_layers, options.cache_bytes),
-                               source={"seed": options.seed})
-    return split_budget_map(split, "layer_split_random", global_layers=options.global_layers,
-                            cache_bytes=options.cache_bytes, seed=options.seed)
+                               target=split_target(model, capacity, options), source={"seed": options.seed})
+    return split_budget_map(split, "layer_split_random", **split_targets(options), seed=options.seed)
 
 
 ALLOCATOR = Allocator("layer_split_random", (),

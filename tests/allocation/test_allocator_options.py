@@ -26,7 +26,7 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "allocation.md"
 NON_DEFAULT = {"beta": (1.5, 1.5), "temperature": (0.5, 0.5), "reduction": ("max", "max"),
                "compat": ("headkv", "headkv"), "task": ("code", {"code": 1.0}), "taper": (5, 5.0),
                "allow_fallback": (True, None), "engine": ("tensorrt-llm", "tensorrt-llm"),
-               "global_layers": (2, 2), "cache_bytes": ("100MB", "100MB"), "layer_score": ("mean", "mean"),
+               "global_layers": (2, 2), "cache_bytes": ("100MB", "100MB"), "cache_share": ("30%", "30%"), "layer_score": ("mean", "mean"),
                "seed": (1, 1)}
 
 

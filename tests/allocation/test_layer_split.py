@@ -151,8 +151,27 @@ def test_bytes_target_refusals():
         hp.allocate("layer_split", [retention], cache_bytes="5898239", **sized)
     with pytest.raises(HeadprobeError, match="cache_bytes='lots': expected a size such as 2GiB"):
         hp.allocate("layer_split", [retention], cache_bytes="lots", **sized)
-    with pytest.raises(HeadprobeError, match="cache_bytes='8MiB': give it or global_layers, not both"):
+    with pytest.raises(HeadprobeError, match="cache_bytes='8MiB': give one target, not it and global_layers"):
         hp.allocate("layer_split_random", model=SMOLLM2_IDENTITY, cache_bytes="8MiB", global_layers=2, **sized)
+    with pytest.raises(HeadprobeError, match="cache_share='25%': give one target, not it and cache_bytes"):
+        hp.allocate("layer_split", [retention], cache_bytes="8MiB", cache_share="25%", **sized)
+    with pytest.raises(HeadprobeError, match="cache_share='half': expected a share of the full cache"):
+        hp.allocate("layer_split", [retention], cache_share="half", **sized)
+    with pytest.raises(HeadprobeError, match="cache_share=0.05 at prompt_len=4096: every layer local keeps 6.2% "
+                                             "of the full cache; lower the window or raise the share"):
+        hp.allocate("layer_split", [retention], cache_share="5%", **sized)
+
+
+def test_share_target_is_the_ratio_of_the_full_cache():
+    retention = hp.load_profile("profiles/smollm2-135m.layer_retention.json")
+    for share, text in ((0.25, "25%"), (0.1, "0.1"), (0.5, "50%")):
+        bm = hp.allocate("layer_split", [retention], window=256, prompt_len=4096, cache_share=text)
+        split = LayerSplit.from_json(bm.method["layer_split"])
+        count = (int(share * 4096 * 30) - 30 * 256) // (4096 - 256)
+        assert len(split.global_layers) == count and split.kept_bytes() <= share * split.full_bytes()
+        assert split.kept_bytes() + (4096 - 256) * 768 > share * split.full_bytes()
+        ratio = hp.allocate("layer_split", [retention], window=256, prompt_len=4096, ratio=share, capacity=None)
+        assert bm.budgets == ratio.budgets and bm.method["cache_share"] == text
 
 
 # ---- the random baseline: the same split with the global layers drawn at random --------------------------------

@@ -196,3 +196,6 @@ def test_layer_split_at_a_cache_size(workdir, capsys):
     err = capsys.readouterr().err
     assert "--cache-bytes 5000000 at --prompt-len 4096: every layer local keeps 5898240 bytes" in err
     assert err.count("\n") == 1 and not (workdir / "t.json").exists()
+    assert main(["allocate", *sized, "--cache-share", "25%", "-o", "q.json"]) == 0
+    quarter = LayerSplit.from_json(BudgetMap.load(workdir / "q.json").method["layer_split"])
+    assert len(quarter.global_layers) == (30 * 1024 - 30 * 256) // (4096 - 256) == 6
