@@ -446,8 +446,7 @@ class ContextRetrievalPass(ContextPass):
     """The retrieval scores of the answer's span in the user's own contexts."""
 
     kinds = ("context_retrieval", "context_enhanced_retrieval")
-    runners: ClassVar[Mapping[str, Any]] = {"fast": "context_pass:run_fast_examples",
-                                            "reference": "context_pass:run_reference_examples"}
+    runners: ClassVar[Mapping[str, Any]] = {"fast": run_fast_examples, "reference": run_reference_examples}
     scores = NeedleScores(weight="context_enhanced_retrieval", copy="context_retrieval")
     reads = frozenset({"group_reduction", "until_stable", "batch_size", "split_attention"})
 

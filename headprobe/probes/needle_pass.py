@@ -38,6 +38,7 @@ from .early_stop import run_until_stable
 from .gates import choose_gate
 from .log_settings import portable_file_name, shard_setting
 from .modes import MODES
+from .needle_probe import run_fast_trials, run_reference_trials, run_reuse_trials
 from .pass_steps import PassSteps, TrialGap
 from .probe_config import NeedleProbeConfig, NeedleScores
 from .prompt_cache import HaystackCaches
@@ -82,8 +83,8 @@ class NeedlePass(PassSteps):
         Whether its trials count under the request's gate (else the published one).
     """
 
-    runners: ClassVar[Mapping[str, Any]] = {"fast": "needle_probe:run_fast_trials", "reference": "needle_probe:run_reference_trials",
-               "reuse": "needle_probe:run_reuse_trials"}
+    runners: ClassVar[Mapping[str, Any]] = {"fast": run_fast_trials, "reference": run_reference_trials,
+                                            "reuse": run_reuse_trials}
 
     def __init__(self, needle_kind: str, scores: NeedleScores, takes_gate: bool = False) -> None:
         self.needle_kind = needle_kind

@@ -19,7 +19,6 @@ A pass (declared in :mod:`headprobe.probes.registry`) is run in four steps, each
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -129,8 +128,7 @@ class PassSteps:
     takes_gate
         Whether its trials count under the request's gate (``ProfileRequest.gate``), else the published one.
     runners
-        Mode → the function that runs its trials in that mode: ``"module:function"`` under
-        ``headprobe.probes`` (imported when first run) or the function; the modes it runs in.
+        Mode → the function that runs its trials in that mode; the modes it runs in.
     options
         A dataclass of its own options (``ProfileRequest.options[name]``, ``--pass-option``), or ``None``.
     reads
@@ -159,11 +157,7 @@ class PassSteps:
 
     def runner(self, mode: str) -> Callable[..., Any]:
         """The function that runs its trials in ``mode``."""
-        target = self.runners[mode]
-        if isinstance(target, str):
-            module_name, _, attribute = target.partition(":")
-            target = getattr(importlib.import_module(f"{__package__}.{module_name}"), attribute)
-        return target
+        return self.runners[mode]
 
     def read(self, request: ProfileRequest, options: Any, inputs: RunInputs) -> Any:
         """Read and check the pass's input before the model loads (``inputs``: what the request names, each

@@ -146,7 +146,7 @@ class QueryFocusPass(ContextPass):
     """QRHead's query-focus score over a user's examples: one forward (and the null query's tokens) each."""
 
     kinds = ("query_focus",)
-    runners: ClassVar[Mapping[str, Any]] = dict.fromkeys(MODES, "query_focus_pass:query_focus_record")
+    runners: ClassVar[Mapping[str, Any]] = dict.fromkeys(MODES, query_focus_record)
     options = QueryFocusOptions
     gate = "none"
     clip_negative = True

@@ -17,6 +17,7 @@ from .aggregate import COUNT, SECONDS, check_fields, require_field, require_numb
 from .log_settings import shard_setting
 from .modes import MODES
 from .pass_steps import PassSteps, TrialGap
+from .retention import run_retention_sample
 from .trial_grid import Grid, shard_samples
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def first_per_task(samples: list[TaskSample], per_task: int | None) -> list[Task
 class RetentionPass(PassSteps):
     """Layer retention over task prompts (one profile kind, :attr:`kind`)."""
 
-    runners: ClassVar[Mapping[str, Any]] = dict.fromkeys(MODES, "retention:run_retention_sample")
+    runners: ClassVar[Mapping[str, Any]] = dict.fromkeys(MODES, run_retention_sample)
     reads = frozenset({"tasks", "samples_per_task", "retention", "grid"})
 
     def __init__(self, kind: str) -> None:
