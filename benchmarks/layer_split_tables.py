@@ -41,6 +41,11 @@ def parse_groups(specs: list[str]) -> list[tuple[str, re.Pattern]]:
     return out
 
 
+def _trial_name(key: tuple) -> str:
+    """A needle trial by its needle and depth; a dataset item (RULER's) by its id."""
+    return f"{key[0]} at depth {100 * key[2]:g}%" if key[2] is not None else str(key[0])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("results", nargs="+", help="headprobe eval results (JSON) of the same prompts, one with a "
@@ -82,7 +87,7 @@ def main() -> None:
     answered = [k for k in keys if float(full[k]["score"]) > FOUND]
     print(f"{len(keys)} trials a setting; the full cache answers {len(answered)} (mean score "
           f"{np.mean([float(full[k]['score']) for k in keys]):.2f}); it fails on: "
-          + (", ".join(f"{k[0]} at depth {100 * k[2]:g}%" for k in keys if k not in answered) or "none"))
+          + (", ".join(_trial_name(k) for k in keys if k not in answered) or "none"))
     by_cap: dict[int, dict[str, list[str]]] = defaultdict(lambda: defaultdict(list))
     for label, cap in capacity.items():
         for name, pattern in groups:
