@@ -37,8 +37,8 @@ def engine_option() -> str:
 
 
 def global_layers_option() -> int | None:
-    return option(None, "layers kept whole (default: as many as --cache-bytes, --capacity or --ratio allows at "
-                  "--prompt-len)")
+    return option(None, "layers kept whole (default: as many as --cache-bytes, --cache-share, --capacity or --ratio "
+                  "allows at --prompt-len)")
 
 
 def cache_bytes_option() -> str | None:
@@ -49,9 +49,13 @@ def cache_share_option() -> str | None:
     return option(None, "most share of the full cache kept at --prompt-len, e.g. 25% or 0.25")
 
 
+#: The options that set a split's memory target, one at a time (each overrides the capacity options).
+SPLIT_TARGETS = ("global_layers", "cache_bytes", "cache_share")
+
+
 def check_split_target(options: AllocatorOptions) -> None:
     """Refuse a negative number of global layers, a size or share that is not one, or two targets at once."""
-    given = [n for n in ("global_layers", "cache_bytes", "cache_share") if getattr(options, n) is not None]
+    given = [n for n in SPLIT_TARGETS if getattr(options, n) is not None]
     if options.global_layers is not None and options.global_layers < 0:
         raise HeadprobeError(f"{spelled('global_layers', options.global_layers)}: expected 0 or more")
     if options.cache_bytes is not None:
@@ -120,7 +124,7 @@ def split_target(model: ModelIdentity, capacity: CapacityOptions, options: Alloc
 
 def split_targets(options: AllocatorOptions) -> dict[str, int | str | None]:
     """The target options as the budget map records them."""
-    return {n: getattr(options, n) for n in ("global_layers", "cache_bytes", "cache_share")}
+    return {n: getattr(options, n) for n in SPLIT_TARGETS}
 
 
 def _run(name: str, model: ModelIdentity, sources: Sequence[Source], capacity: CapacityOptions,
@@ -149,6 +153,6 @@ HEADS_ALLOCATOR = Allocator("layer_split_heads", ("head_scores",),
                             "best layers by head scores global, the rest a sliding window (engines' layer split)",
                             LayerSplitHeadsOptions, run_heads, policy=SPLIT_POLICY)
 
-__all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "LayerSplitHeadsOptions", "LayerSplitOptions",
+__all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "SPLIT_TARGETS", "LayerSplitHeadsOptions", "LayerSplitOptions",
            "cache_bytes_option", "cache_share_option", "check_split_target", "engine_option", "global_layers_option",
            "split_target", "split_targets")
