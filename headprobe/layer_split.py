@@ -32,6 +32,11 @@ ENGINES = ("vllm", "tensorrt-llm", "llama.cpp")
 DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4, "float8": 1}
 
 
+def token_bytes(model: ModelIdentity, dtype: str) -> int:
+    """Bytes of one token in one layer of ``model``: key and value of every KV head in ``dtype``."""
+    return 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
+
+
 @dataclass(frozen=True)
 class LayerSplit:
     """Per layer ``"global"`` (every token) or a window ``W`` (the tokens a local layer attends).
@@ -82,8 +87,7 @@ class LayerSplit:
 
     def token_bytes(self) -> int:
         """Bytes of one token in one layer: key and value of every KV head."""
-        m = self.model
-        return 2 * m.num_kv_heads * m.head_dim * DTYPE_BYTES[self.dtype]
+        return token_bytes(self.model, self.dtype)
 
     def kept_bytes(self, context: int | None = None) -> int:
         """Bytes the split keeps at ``context`` tokens (one sequence)."""
@@ -165,4 +169,5 @@ def check_split(split: LayerSplit, path: object) -> None:
                                                         f"({split.sink}), found {w!r}")
 
 
-__all__ = ("DTYPE_BYTES", "ENGINES", "GLOBAL", "SPLIT_FORMAT", "SPLIT_VERSION", "LayerSplit", "check_split")
+__all__ = ("DTYPE_BYTES", "ENGINES", "GLOBAL", "SPLIT_FORMAT", "SPLIT_VERSION", "LayerSplit", "check_split",
+           "token_bytes")

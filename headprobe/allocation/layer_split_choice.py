@@ -21,7 +21,7 @@ import numpy as np
 
 from ..budget_map import BudgetMap
 from ..errors import HeadprobeError, param
-from ..layer_split import DTYPE_BYTES, ENGINES, GLOBAL, LayerSplit
+from ..layer_split import DTYPE_BYTES, ENGINES, GLOBAL, LayerSplit, token_bytes
 from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..profile import Profile, kv_head_scores
@@ -176,8 +176,7 @@ def choose_layer_split(model: ModelIdentity, scores: Sequence[float], *, engine:
     candidates = [i for i, t in enumerate(model.layer_types) if t != "sliding_attention"]
     if dtype not in DTYPE_BYTES:
         raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPE_BYTES)}")
-    token_bytes = 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES[dtype]
-    chosen = choose_globals(s, candidates, globals_for_target(windows, candidates, target, token_bytes))
+    chosen = choose_globals(s, candidates, globals_for_target(windows, candidates, target, token_bytes(model, dtype)))
     layers = tuple(GLOBAL if i in chosen else windows[i] for i in range(model.num_layers))
     info = {"scores": [round(float(x), 6) for x in s], "capacity": target.capacity,
             "global_layers": target.global_layers, **({"bytes": target.bytes} if target.bytes is not None else {}),
