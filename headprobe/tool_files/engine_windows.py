@@ -85,7 +85,9 @@ def llama_cpp_metadata(split: LayerSplit) -> dict[str, Any]:
     key = f"{rule.gguf_arch}.attention.sliding_window"
     return {**_header(split, "llama.cpp"), "gguf_metadata": {key: window},
             "override_kv": [f"{key}=int:{window}"],
-            "usage": f"llama-cli -m MODEL.gguf --override-kv {key}=int:{window}",
+            "usage": (f"llama-cli -m MODEL.gguf --override-kv {key}=int:{window}; from Python, "
+                      f"llama_cpp.Llama(MODEL, kv_overrides={{'{key}': {window}}}, swa_full=False) (the C API's "
+                      "default, swa_full=True, gives a sliding layer every cell of the context)"),
             "keeps": keeps(split, f"n_swa = {window}: a sliding layer attends the last {window} tokens; layers "
                                   f"{split.global_layers} (the loader's fixed pattern) every token")}
 

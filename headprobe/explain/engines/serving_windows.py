@@ -68,6 +68,8 @@ LLAMA_CPP_CITES = [
      "copy, commit not recorded)"),
     ("ggml-org/llama.cpp src/llama-model.cpp load_hparams (LLM_ARCH_GEMMA3: n_swa from the GGUF window key, "
      "set_swa_pattern(6); the code index's copy, commit not recorded)"),
+    ("run here: llama-cpp-python 0.3.36 (the llama.cpp it vendors) loads Gemma 3 with the export and allocates "
+     "these cells and bytes (tests/tool_files/test_llama_cpp_engine.py)"),
 ]
 
 #: Why a budget that is not a layer split has no row in these engines.
@@ -254,7 +256,8 @@ def llama_cpp_allocation(split: LayerSplit, model: ModelIdentity, setting: Setti
             f"n_ubatch {n_ubatch}")
     notes = [(f"cells are allocated before the prompt: {n_ctx} a global layer (n_ctx, padded to 256), {cells_swa} a "
               f"sliding layer (n_swa + n_ubatch, padded to 256); a sliding layer attends its last {n_swa} tokens"),
-             "a batch is one stream a sequence (kv_unified off); --swa-full gives the sliding layers n_ctx cells"]
+             ("a batch is one stream a sequence (kv_unified off); --swa-full gives the sliding layers n_ctx cells, "
+              "as the C API's default does (llama-cpp-python: pass swa_full=False)")]
     row = EngineAllocation(LLAMA_CPP, text, True, "kv_head", _per_layer(held, model.num_kv_heads),
                            _per_layer(held_end, model.num_kv_heads), _per_layer(held, model.num_kv_heads), size, size,
                            True, notes, list(LLAMA_CPP_CITES))
