@@ -9,33 +9,21 @@ it allocates for the global and the sliding layers (its ``llama_kv_cache`` lines
 
 from __future__ import annotations
 
-import argparse
 import re
-import shutil
 
 import pytest
 
-from headprobe.errors import HeadprobeError
 from headprobe.explain.engines.serving_windows import llama_cpp_allocation
 from headprobe.explain.setting import Setting
 from headprobe.layer_split import GLOBAL, LayerSplit
-from headprobe.models.loading import _gguf_path
-from headprobe.models.registry import MODELS
 from headprobe.tool_files.engine_windows import llama_cpp_metadata
 from tests.allocation.test_layer_split import GEMMA3
+from tests.tool_files.conftest import gguf_with_metadata
 
 pytestmark = pytest.mark.slow
 llama_cpp = pytest.importorskip("llama_cpp")
 
 NEW_TOKENS = 32
-
-
-@pytest.fixture(scope="module")
-def gemma3_gguf():
-    try:
-        return _gguf_path(MODELS["gemma3-270m"])
-    except HeadprobeError as exc:
-        pytest.skip(str(exc))
 
 
 def _split(window: int, context: int) -> LayerSplit:
@@ -77,16 +65,8 @@ def test_llama_cpp_keeps_what_the_export_and_explain_say(gemma3_gguf, capfd, win
 
 
 def test_the_gguf_edited_in_place_loads_with_the_window(gemma3_gguf, tmp_path, capfd):
-    gguf = pytest.importorskip("gguf")
-    set_metadata = pytest.importorskip("gguf.scripts.gguf_set_metadata").set_metadata
     split = _split(256, 2048)
-    export = llama_cpp_metadata(split)
-    copy = tmp_path / "gemma3.gguf"
-    shutil.copyfile(gemma3_gguf, copy)
-    writer = gguf.GGUFReader(copy, "r+")
-    for key, value in export["gguf_metadata"].items():
-        set_metadata(writer, argparse.Namespace(key=key, value=str(value), dry_run=False, force=True))
-    del writer
+    copy = gguf_with_metadata(gemma3_gguf, tmp_path / "gemma3.gguf", llama_cpp_metadata(split)["gguf_metadata"])
 
     row = llama_cpp_allocation(split, GEMMA3, Setting(2048, 1, "float16", NEW_TOKENS))
     llm = _load(copy, row)                              # no override: the file itself holds the window

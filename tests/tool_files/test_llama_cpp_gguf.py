@@ -8,49 +8,29 @@ file find it (``gguf_set_metadata`` is the tool llama.cpp documents for changing
 
 from __future__ import annotations
 
-import argparse
-import shutil
-
 import pytest
 
-from headprobe.errors import HeadprobeError
 from headprobe.layer_split import GLOBAL, LayerSplit
-from headprobe.models.loading import _gguf_path
-from headprobe.models.registry import MODELS
 from headprobe.tool_files.engine_windows import llama_cpp_metadata
 from tests.allocation.test_layer_split import GEMMA3
+from tests.tool_files.conftest import gguf_with_metadata
 
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture(scope="module")
-def gemma3_gguf():
-    """The GGUF Gemma 3's model package ships; skipped where the package is not installed (as the real-model
-    tests are)."""
-    try:
-        return _gguf_path(MODELS["gemma3-270m"])
-    except HeadprobeError as exc:
-        pytest.skip(str(exc))
-
-
 def test_the_export_written_into_gemma3s_gguf_is_what_its_readers_find(gemma3_gguf, tmp_path):
     gguf = pytest.importorskip("gguf")
-    set_metadata = pytest.importorskip("gguf.scripts.gguf_set_metadata").set_metadata
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     window = 128                                       # Gemma 3's own is 512
     layers = tuple(GLOBAL if i % 6 == 5 else window for i in range(18))
     export = llama_cpp_metadata(LayerSplit(model=GEMMA3, engine="llama.cpp", layers=layers, context=8192))
-    copy = tmp_path / "gemma3.gguf"
-    shutil.copyfile(gemma3_gguf, copy)
-
-    writer = gguf.GGUFReader(copy, "r+")
-    for key, value in export["gguf_metadata"].items():
-        field = writer.get_field(key)
+    shipped = gguf.GGUFReader(gemma3_gguf)
+    for key in export["gguf_metadata"]:
+        field = shipped.get_field(key)
         assert field is not None, f"{key}: not a key of the model's file"
         assert field.types == [gguf.GGUFValueType.UINT32] and field.contents() == 512
-        set_metadata(writer, argparse.Namespace(key=key, value=str(value), dry_run=False, force=True))
-    del writer                                         # the memory map writes through
+    copy = gguf_with_metadata(gemma3_gguf, tmp_path / "gemma3.gguf", export["gguf_metadata"])
 
     reader = gguf.GGUFReader(copy)
     assert {key: reader.get_field(key).contents() for key in export["gguf_metadata"]} == export["gguf_metadata"]
