@@ -31,69 +31,51 @@ from .layer_split_choice import (
 )
 from .options import AllocatorOptions, CapacityOptions, option, spelled
 
-
-def engine_option() -> str:
-    return option("vllm", "the serving engine whose per-layer windows the split obeys", choices=ENGINES)
-
-
-def global_layers_option() -> int | None:
-    return option(None, "layers kept whole (default: as many as --cache-bytes, --cache-share, --capacity or --ratio "
-                  "allows at --prompt-len)")
-
-
-def cache_bytes_option() -> str | None:
-    return option(None, "most bytes of keys and values (bfloat16) one sequence keeps at --prompt-len, e.g. 24MiB")
-
-
-def cache_share_option() -> str | None:
-    return option(None, "most share of the full cache kept at --prompt-len, e.g. 25% or 0.25")
-
-
 #: The options that set a split's memory target, one at a time (each overrides the capacity options).
 SPLIT_TARGETS = ("global_layers", "cache_bytes", "cache_share")
 
 
-def check_split_target(options: AllocatorOptions) -> None:
-    """Refuse a negative number of global layers, a size or share that is not one, or two targets at once."""
-    given = [n for n in SPLIT_TARGETS if getattr(options, n) is not None]
-    if options.global_layers is not None and options.global_layers < 0:
-        raise HeadprobeError(f"{spelled('global_layers', options.global_layers)}: expected 0 or more")
-    if options.cache_bytes is not None:
-        parse_bytes(options.cache_bytes)
-    if options.cache_share is not None:
-        parse_share(options.cache_share)
-    if len(given) > 1:
-        raise HeadprobeError(f"{spelled(given[1], getattr(options, given[1]))}: give one target, not it and "
-                             f"{spelled(given[0])}")
+@dataclass(frozen=True)
+class SplitOptions(AllocatorOptions):
+    """The options every layer-split method takes first: the engine and the memory target."""
+
+    engine: str = option("vllm", "the serving engine whose per-layer windows the split obeys", choices=ENGINES)
+    global_layers: int | None = option(None, "layers kept whole (default: as many as --cache-bytes, --cache-share, "
+                                       "--capacity or --ratio allows at --prompt-len)")
+    cache_bytes: str | None = option(None, "most bytes of keys and values (bfloat16) one sequence keeps at "
+                                     "--prompt-len, e.g. 24MiB")
+    cache_share: str | None = option(None, "most share of the full cache kept at --prompt-len, e.g. 25% or 0.25")
+
+    def check(self) -> None:
+        """Refuse a negative number of global layers, a size or share that is not one, or two targets at once."""
+        given = [n for n in SPLIT_TARGETS if getattr(self, n) is not None]
+        if self.global_layers is not None and self.global_layers < 0:
+            raise HeadprobeError(f"{spelled('global_layers', self.global_layers)}: expected 0 or more")
+        if self.cache_bytes is not None:
+            parse_bytes(self.cache_bytes)
+        if self.cache_share is not None:
+            parse_share(self.cache_share)
+        if len(given) > 1:
+            raise HeadprobeError(f"{spelled(given[1], getattr(self, given[1]))}: give one target, not it and "
+                                 f"{spelled(given[0])}")
 
 
 @dataclass(frozen=True)
-class LayerSplitOptions(AllocatorOptions):
+class LayerSplitOptions(SplitOptions):
     """``layer_split``'s options: the engine, the number of global layers, the retention task."""
 
-    engine: str = engine_option()
-    global_layers: int | None = global_layers_option()
-    cache_bytes: str | None = cache_bytes_option()
-    cache_share: str | None = cache_share_option()
     task: str | Mapping[str, float] | None = task_option()
 
     def check(self) -> None:
-        check_split_target(self)
+        super().check()
         task_mix(self.task)
 
 
 @dataclass(frozen=True)
-class LayerSplitHeadsOptions(AllocatorOptions):
+class LayerSplitHeadsOptions(SplitOptions):
     """``layer_split_heads``'s options: the engine, the number of global layers, how head scores make a layer's."""
 
-    engine: str = engine_option()
-    global_layers: int | None = global_layers_option()
-    cache_bytes: str | None = cache_bytes_option()
-    cache_share: str | None = cache_share_option()
     layer_score: str = option("sum", "a layer's score from its KV-head scores", choices=LAYER_SCORES)
-
-    def check(self) -> None:
-        check_split_target(self)
 
 
 def split_target(model: ModelIdentity, capacity: CapacityOptions, options: AllocatorOptions) -> SplitTarget:
@@ -154,5 +136,4 @@ HEADS_ALLOCATOR = Allocator("layer_split_heads", ("head_scores",),
                             LayerSplitHeadsOptions, run_heads, policy=SPLIT_POLICY)
 
 __all__ = ("HEADS_ALLOCATOR", "RETENTION_ALLOCATOR", "SPLIT_TARGETS", "LayerSplitHeadsOptions", "LayerSplitOptions",
-           "cache_bytes_option", "cache_share_option", "check_split_target", "engine_option", "global_layers_option",
-           "split_target", "split_targets")
+           "SplitOptions", "split_target", "split_targets")

@@ -19,30 +19,18 @@ from ..errors import HeadprobeError
 from ..models.identity import ModelIdentity
 from .allocator import Allocator, Source
 from .layer_split_choice import SPLIT_POLICY, choose_layer_split, split_budget_map
-from .layer_split_methods import (
-    cache_bytes_option,
-    cache_share_option,
-    check_split_target,
-    engine_option,
-    global_layers_option,
-    split_target,
-    split_targets,
-)
-from .options import AllocatorOptions, CapacityOptions, option, spelled
+from .layer_split_methods import SplitOptions, split_target, split_targets
+from .options import CapacityOptions, option, spelled
 
 
 @dataclass(frozen=True)
-class RandomSplitOptions(AllocatorOptions):
+class RandomSplitOptions(SplitOptions):
     """``layer_split_random``'s options: the engine, the number of global layers, the seed of the draw."""
 
-    engine: str = engine_option()
-    global_layers: int | None = global_layers_option()
-    cache_bytes: str | None = cache_bytes_option()
-    cache_share: str | None = cache_share_option()
     seed: int = option(0, "seed of the random draw of the global layers", filename="seed")
 
     def check(self) -> None:
-        check_split_target(self)
+        super().check()
         if self.seed < 0:
             raise HeadprobeError(f"{spelled('seed', self.seed)}: expected 0 or more")
 

@@ -62,15 +62,6 @@ def _uniform(allowed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return allowed.to(dtype) / allowed.sum(-1, keepdim=True).clamp(min=1)
 
 
-def _attention_weights(query: torch.Tensor, key: torch.Tensor, allowed: torch.Tensor, scaling: float,
-                       softcap: float | None) -> torch.Tensor:
-    """Every head's softmax attention, ``[batch, query_heads, n, k]`` float32, under the mask ``allowed``
-    ``[batch or 1, 1, n, k]`` (causality, the sliding window and padding already in it), by
-    :func:`~headprobe.attention.rows.masked_attention`.
-    """
-    return masked_attention(query, key, None, allowed, scaling, softcap=softcap)
-
-
 def _ablate_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """Stock SDPA for every head, then uniform attention for the masked heads of this layer.
 
@@ -86,7 +77,7 @@ def _ablate_attention(module, query, key, value, attention_mask, scaling=None, d
     if state is not None and state.return_weights:
         allowed = _allowed(query, key, attention_mask, sliding)
         scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-        weights = _attention_weights(query, key, allowed, scale, kwargs.get("softcap")).to(query.dtype)
+        weights = masked_attention(query, key, None, allowed, scale, softcap=kwargs.get("softcap")).to(query.dtype)
         if heads:
             weights[:, heads] = _uniform(allowed, query.dtype).expand(weights.shape[0], len(heads), -1, -1)
         out = torch.matmul(weights, repeat_kv(value, groups)).transpose(1, 2).contiguous()

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -547,19 +547,7 @@ def _expand_one(spec: SettingSpec, capacities: Sequence[int]) -> list[EvalSettin
                         dict(parsed.options), dict(parsed.allocation_options)) for c in caps]
 
 
-def _no_duplicates(settings: Sequence[EvalSetting]) -> None:
-    labels = [s.label for s in settings]
-    dup = sorted({x for x in labels if labels.count(x) > 1})
-    if dup:
-        raise HeadprobeError(f"{param('specs')}: {', '.join(dup)} given twice")
-
-
-def _check_capacities(capacities: Sequence[int]) -> None:
-    if any(c < 1 for c in capacities):
-        raise HeadprobeError(f"{param('capacities', capacities)}: expected positive token counts per head")
-
-
-def expand_specs(specs: Sequence[SettingSpec], capacities: Sequence[int]) -> list[EvalSetting]:
+def expand_specs(specs: Iterable[SettingSpec], capacities: Sequence[int]) -> list[EvalSetting]:
     """Settings parsed once (:func:`parse_settings`) at every capacity (``full`` once), or at the capacities
     pinned after their ``@``, without parsing them again.
 
@@ -570,9 +558,13 @@ def expand_specs(specs: Sequence[SettingSpec], capacities: Sequence[int]) -> lis
     """
     if not specs:
         raise HeadprobeError(f"{param('specs')}: give at least one setting")
-    _check_capacities(capacities)
+    if any(c < 1 for c in capacities):
+        raise HeadprobeError(f"{param('capacities', capacities)}: expected positive token counts per head")
     out = [s for spec in specs for s in _expand_one(spec, capacities)]
-    _no_duplicates(out)
+    labels = [s.label for s in out]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise HeadprobeError(f"{param('specs')}: {', '.join(dup)} given twice")
     return out
 
 
@@ -589,10 +581,8 @@ def expand_settings(specs: list[str], capacities: list[int], options: dict[str, 
     """
     if not specs:
         raise HeadprobeError(f"{param('specs')}: give at least one setting")
-    _check_capacities(capacities)
-    out = [s for written in specs for s in _expand_one(parse_spec(written, options, policies), capacities)]
-    _no_duplicates(out)
-    return out
+    # parsed one at a time as they expand: the first bad setting, parsed or expanded, is refused
+    return expand_specs((parse_spec(written, options, policies) for written in specs), capacities)
 
 
 def make_setting(base: str, capacity: int | None = None, options: Mapping[str, Any] | None = None,

@@ -7,7 +7,6 @@ before a file is read; an option that does not apply to the input is refused, no
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..allocation.api import allocate
-from ..allocation.common import check_beta
+from ..allocation.common import check_beta, check_temperature
 from ..allocation.dynamickv_offline import parse_task_mix
 from ..errors import HeadprobeError, param
 from ..layer_split import LayerSplit
@@ -66,9 +65,7 @@ def _check_options(o: dict[str, Any]) -> None:
         check_count("recent_size", o["recent_size"], minimum=1)
     if o["beta"] is not None:
         check_beta(o["beta"])
-    t = o["temperature"]
-    if t is not None and (isinstance(t, bool) or not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0):
-        raise HeadprobeError(f"{param('temperature', t)}: expected a positive finite number")
+    check_temperature(o["temperature"])
     s = o["sparsity"]
     if s is not None and (isinstance(s, bool) or not isinstance(s, (int, float)) or not 0 <= s <= 1):
         raise HeadprobeError(f"{param('sparsity', s)}: expected DuoAttention's share of streaming heads in [0, 1]")

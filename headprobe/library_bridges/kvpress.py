@@ -59,13 +59,6 @@ class _Window:
     uses_budgets: ClassVar[bool] = True
 
 
-def _model_fits(bm: BudgetMap, model: PreTrainedModel) -> tuple[str, ...]:
-    """Check that ``bm`` was made for ``model``'s shape; return the model's layer types."""
-    found = identity_from_config(model.config, bm.model.name, "kvpress")
-    bm.model.check_fits(found, what="budget map")
-    return found.layer_types
-
-
 @dataclass
 class BudgetMapPress(BasePress):
     """Fixed per-(layer, KV head) budgets from a headprobe budget map, through kvpress' head-wise masking.
@@ -137,7 +130,9 @@ class BudgetMapPress(BasePress):
 
     def post_init_from_model(self, model: PreTrainedModel) -> None:
         self.press.post_init_from_model(model)
-        self._layer_types = _model_fits(self.budget_map, model)
+        found = identity_from_config(model.config, self.budget_map.model.name, "kvpress")
+        self.budget_map.model.check_fits(found, what="budget map")
+        self._layer_types = found.layer_types
         self._resolved = {}
 
     def budgets_for(self, context_len: int) -> torch.Tensor:

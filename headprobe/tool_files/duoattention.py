@@ -43,7 +43,7 @@ from ..limits import check_count
 from ..models.identity import ModelIdentity
 from ..models.registry import MODELS
 from ..profile import Profile, kv_head_scores
-from .known import FILE_NAMES, check_import_index, import_identity
+from .known import FILE_NAMES, check_import_index, check_import_shape, import_model_identity
 from .layer_list import check_budgets_keep_window
 
 TSV_NAME = "full_attention_heads.tsv"
@@ -98,10 +98,7 @@ def read_duoattention(folder: str | Path, model: str | ModelIdentity | None = No
     """
     folder = Path(folder)
     tsv = folder / TSV_NAME if folder.is_dir() else folder
-    if folder.is_dir():
-        cfg_path = folder / CONFIG_NAME
-    else:
-        folder, cfg_path = tsv.parent, tsv.parent / CONFIG_NAME
+    folder, cfg_path = tsv.parent, tsv.parent / CONFIG_NAME
     if not tsv.is_file():
         raise HeadprobeError(f"{folder}: no {TSV_NAME} (expected a DuoAttention pattern folder)")
     kv = read_tsv(tsv)
@@ -111,10 +108,11 @@ def read_duoattention(folder: str | Path, model: str | ModelIdentity | None = No
         if not isinstance(config, dict):
             raise FileFormatError(cfg_path, None, "expected a JSON object")
     stem = folder.name
-    if model is None and isinstance(config.get("model_name"), str) and stem not in _names():
+    if model is None and isinstance(config.get("model_name"), str) and stem not in FILE_NAMES:
         model = _known_model(config["model_name"])
         stem = Path(config["model_name"]).name
-    ident = import_identity(tsv, stem, model, kv.shape[0], kv.shape[1], "kv")
+    ident = import_model_identity(tsv, stem, model)
+    check_import_shape(tsv, ident, kv.shape[0], kv.shape[1], "kv")
     g = ident.group_size
     q = np.repeat(kv, g, axis=1)
     probe = {"kind": "retrieval", "source": "duoattention", "path": str(folder),
@@ -123,10 +121,6 @@ def read_duoattention(folder: str | Path, model: str | ModelIdentity | None = No
              "threshold": config.get("threshold"), "sparsity": config.get("sparsity")}
     return Profile(kind="retrieval", model=ident, probe=probe, trials={"total": 0, "passed": 0},
                    query_heads=q.tolist(), kv_heads=kv.tolist(), group_reduction="max")
-
-
-def _names() -> set[str]:
-    return set(FILE_NAMES)
 
 
 def _known_model(name: str) -> str | None:
@@ -180,9 +174,6 @@ def export_scores(source: Profile | BudgetMap, reduction: str | None = None) -> 
                                  f"(made with {param('compat', 'headkv')})")
         return np.asarray(source.shares, dtype=np.float64)
     return np.asarray(kv_head_scores(source, reduction), dtype=np.float64)
-
-
-duo_scores = export_scores
 
 
 def choose_split(scores: np.ndarray, threshold: float | None = None, full_share: float | None = None,
@@ -460,5 +451,5 @@ def _what(source: Profile | BudgetMap) -> str:
 
 
 __all__ = ("DEFAULT_FULL_SHARE", "DUO_CUT", "DUO_MARGIN", "DUO_NOISE", "EXPORT_GAP", "DuoSplit", "binarise",
-           "binary_note", "choose_split", "consumer_warnings", "duo_scores", "export_scores", "pattern_window",
+           "binary_note", "choose_split", "consumer_warnings", "export_scores", "pattern_window",
            "ranked_pattern", "read_duoattention", "read_tsv", "write_duoattention")

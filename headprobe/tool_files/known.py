@@ -85,18 +85,6 @@ def check_import_shape(path: Path, ident: ModelIdentity, layers: int, heads: int
                              f"{ident.num_layers} x {want}")
 
 
-def import_identity(path: Path, stem: str, model: str | ModelIdentity | None, layers: int, heads: int,
-                    heads_are: str = "query") -> ModelIdentity:
-    """Identity for an imported file: from ``model`` (alias, HF id or identity) or from the file name.
-
-    ``layers`` × ``heads`` is what the file holds (``heads_are`` = ``"query"`` or ``"kv"``); it must
-    match the model's shape.
-    """
-    ident = import_model_identity(path, stem, model)
-    check_import_shape(path, ident, layers, heads, heads_are)
-    return ident
-
-
 def identity_for_model(model: str) -> ModelIdentity | None:
     """The identity of ``model`` (alias, HF id or folder) without weights, or ``None`` when a hub model's
     config cannot be fetched (e.g. offline). Known published-file models need no config.
