@@ -21,16 +21,28 @@ from pathlib import Path
 from typing import IO, Any
 
 from ..errors import HeadprobeError, param
-from .overwrite import dangling_message
 
 #: ``os.link`` errors of file systems without hard links: the name is then reserved by an exclusive create.
 _NO_HARD_LINKS = {errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS, errno.EXDEV,
                   errno.EACCES}
+#: The hint of a refusal at the moment an output is put in place: another run wrote it meanwhile.
+_WRITTEN_MEANWHILE = "(it was written while this run worked; nothing was replaced)"
 
 
 def exists_message(path: str | os.PathLike, hint: str = "") -> str:
     """The refusal of an output that exists: ``PATH exists; pass --force to overwrite it``."""
     return f"{path} exists; pass {param('force', True)} to overwrite it{' ' + hint if hint else ''}"
+
+
+def dangling_link(path: Path) -> bool:
+    """Whether ``path`` is a symbolic link to nothing (``exists()`` is false, yet the name is taken)."""
+    return path.is_symlink() and not path.exists()
+
+
+def dangling_message(path: Path, hint: str = "") -> str:
+    """The refusal of an output name held by a symbolic link that points at nothing."""
+    return (f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; remove the link or pass "
+            f"{param('force', True)} to replace it{' ' + hint if hint else ''}")
 
 
 def blocking_file(path: Path) -> Path | None:
@@ -121,10 +133,9 @@ def put_in_place(tmp: Path, path: Path, overwrite: bool, hint: str = "") -> None
         os.link(tmp, path)
     except FileExistsError:
         remove_quietly(tmp)
-        if path.is_symlink() and not path.exists():
+        if dangling_link(path):
             raise HeadprobeError(dangling_message(path)) from None
-        raise HeadprobeError(exists_message(path, hint or "(it was written while this run worked; nothing was "
-                                                          "replaced)")) from None
+        raise HeadprobeError(exists_message(path, hint or _WRITTEN_MEANWHILE)) from None
     except OSError as exc:
         if exc.errno not in _NO_HARD_LINKS:
             raise
@@ -132,8 +143,7 @@ def put_in_place(tmp: Path, path: Path, overwrite: bool, hint: str = "") -> None
             os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
         except FileExistsError:
             remove_quietly(tmp)
-            raise HeadprobeError(exists_message(path, hint or "(it was written while this run worked; nothing "
-                                                              "was replaced)")) from None
+            raise HeadprobeError(exists_message(path, hint or _WRITTEN_MEANWHILE)) from None
         os.replace(tmp, path)
         return
     remove_quietly(tmp)
@@ -247,7 +257,6 @@ def write_folder_atomically(folder: str | os.PathLike, files: Mapping[str, str |
             os.rename(tmp, folder)          # replaces an empty folder; refused over one that holds files
         except OSError as exc:
             if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
-                raise HeadprobeError(exists_message(folder, hint or "(it was written while this run worked; "
-                                                                    "nothing was replaced)")) from None
+                raise HeadprobeError(exists_message(folder, hint or _WRITTEN_MEANWHILE)) from None
             raise
     return folder

@@ -18,6 +18,7 @@ import warnings
 from pathlib import Path
 
 from ..errors import HeadprobeError
+from .atomic import missing_folders, remove_empty_folders
 
 
 def lock_path(log: str | Path) -> Path:
@@ -102,7 +103,7 @@ class LogLock:
     def _make_folders(self) -> list[Path]:
         """Create the lock's missing folders; the ones made, deepest first (removed again on release when
         no file went into them)."""
-        missing = [p for p in (self.path.parent, *self.path.parent.parents) if not p.exists()]
+        missing = missing_folders(self.path.parent)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -110,11 +111,8 @@ class LogLock:
         return missing
 
     def _remove_made_folders(self) -> None:
-        for folder in getattr(self, "_made", []):
-            try:
-                folder.rmdir()               # only an empty folder: a log or a result written there stays
-            except OSError:
-                break
+        # only empty folders: a log or a result written there stays
+        remove_empty_folders(getattr(self, "_made", []))
 
     @property
     def held(self) -> bool:

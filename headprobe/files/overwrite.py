@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 from ..errors import HeadprobeError, param
+from .atomic import dangling_link, dangling_message, exists_message
 from .log_lock import LogLock
 
 
@@ -23,19 +23,8 @@ def check_overwrite(path: str | Path, force: bool, hint: str = "") -> Path:
     if not force and dangling_link(path):
         raise HeadprobeError(dangling_message(path, hint))
     if path.exists() and not force and (not path.is_dir() or any(path.iterdir())):
-        raise HeadprobeError(f"{path} exists; pass {param('force', True)} to overwrite it{' ' + hint if hint else ''}")
+        raise HeadprobeError(exists_message(path, hint))
     return path
-
-
-def dangling_link(path: Path) -> bool:
-    """Whether ``path`` is a symbolic link to nothing (``exists()`` is false, yet the name is taken)."""
-    return path.is_symlink() and not path.exists()
-
-
-def dangling_message(path: Path, hint: str = "") -> str:
-    """The refusal of an output name held by a symbolic link that points at nothing."""
-    return (f"{path} is a symbolic link to {os.readlink(path)}, which does not exist; remove the link or pass "
-            f"{param('force', True)} to replace it{' ' + hint if hint else ''}")
 
 
 def check_rerun_outputs(out: str | Path, log: str | Path, figures: Iterable[str | Path], resume: bool, force: bool,

@@ -242,15 +242,11 @@ def _prompt_overhead(tokenizer, needle: Needle | None, qtext: str, chat_template
     """The tokens of the prompt around the haystack: template, question, the needle (with a chat prompt's
     response prefix) and, for a plain prompt, the answer cue."""
     empty, _, add_special = render_prompt(tokenizer, f"\n\n{qtext}", chat_template)
-    if form == "plain":       # the cue ends every plain prompt, with or without a needle
-        overhead = len(tokenizer(empty + ANSWER_CUE, add_special_tokens=add_special)["input_ids"])
-        if needle is not None:
-            overhead += len(tokenizer(" " + needle.needle, add_special_tokens=False)["input_ids"]) + 1
-    else:
-        overhead = len(tokenizer(empty, add_special_tokens=add_special)["input_ids"])
-        if needle is not None:
-            overhead += len(tokenizer(" " + needle.needle + response_prefix(needle),
-                                      add_special_tokens=False)["input_ids"]) + 1
+    cue = ANSWER_CUE if form == "plain" else ""       # the cue ends every plain prompt, with or without a needle
+    overhead = len(tokenizer(empty + cue, add_special_tokens=add_special)["input_ids"])
+    if needle is not None:
+        after = "" if form == "plain" else response_prefix(needle)
+        overhead += len(tokenizer(" " + needle.needle + after, add_special_tokens=False)["input_ids"]) + 1
     return overhead
 
 

@@ -140,10 +140,6 @@ class NeedleFiles:
 
     files: tuple[tuple[Path, tuple[Needle, ...]], ...]
 
-    def kinds(self) -> dict[Path, set[str]]:
-        """``{path: kinds of its needles}``."""
-        return {path: {n.kind for n in needles} for path, needles in self.files}
-
     def of_kind(self, kind: str, ids: Iterable[str] | None = None) -> tuple[list[Path], list[Needle]]:
         """The needles of ``kind`` from every file that holds some, in file order; the shipped needle set of
         that kind when none does (read here).
@@ -226,17 +222,6 @@ def read_needle_files(files: list[Path], kinds: Iterable[str],
             owner[(n.kind, n.id)] = path
         read.append((path, needles))
     return NeedleFiles(tuple(read))
-
-
-def check_needle_files(files: list[Path], kinds: Iterable[str],
-                       readers: Mapping[str, str] | None = None) -> dict[Path, set[str]]:
-    """:func:`read_needle_files`, returning ``{path: kinds of its needles}``."""
-    return read_needle_files(files, kinds, readers).kinds()
-
-
-def gather_needles(files: list[Path], kind: str, ids: list[str] | None = None) -> tuple[list[Path], list[Needle]]:
-    """The needles of ``kind`` from every given file that holds some (see :meth:`NeedleFiles.of_kind`)."""
-    return NeedleFiles(tuple((Path(p), tuple(load_needles(p))) for p in files)).of_kind(kind, ids)
 
 
 def needle_set_record(files: list[Path], needles: list[Needle],

@@ -238,14 +238,15 @@ def check_transformers_for(spec: ModelSpec, version: str | None = None) -> None:
                              f"(pip install 'transformers>={spec.min_transformers}')")
 
 
-def _weights_path(resolved: ResolvedModel, model: str, trust_remote_code: bool) -> str:
-    """Where the weights are read from: a shipped GGUF's conversion folder, else the resolved path (a local
-    folder checked for config, weights and tokenizer; code from the repository refused unless trusted)."""
+def _weights_path(resolved: ResolvedModel, model: str, trust_remote_code: bool, weights: bool = True) -> str:
+    """Where the model is read from: a shipped GGUF's conversion folder, else the resolved path (code from the
+    repository refused unless trusted; with ``weights``, a local folder checked for config, weights and
+    tokenizer)."""
     path = resolved.path
     if resolved.spec is not None and resolved.spec.gguf_package:
         return str(_converted_gguf(resolved.spec))
     _check_remote_code(path, model, trust_remote_code)
-    if resolved.source.startswith("local:"):
+    if weights and resolved.source.startswith("local:"):
         check_model_folder(Path(path), model, weights=True)
     return path
 
@@ -275,13 +276,11 @@ def _read_model(auto_class: Any, resolved: ResolvedModel, model: str, path: str,
         path, tokenizer = _model_tokenizer(resolved, model, path, trust_remote_code, cache_only)
         with quiet_weight_loading():
             hf_model = auto_class.from_pretrained(path, **kwargs)
-    except ValueError as exc:
-        if "offload" in str(exc):
+    except (ValueError, OSError) as exc:   # OSError: missing or unreadable files
+        if isinstance(exc, ValueError) and "offload" in str(exc):
             # accelerate placed layers on disk and transformers has nowhere to keep them
             raise HeadprobeError(f"{param('model', model)} does not fit in {param('max_memory')} (or the devices' "
                                  f"memory); give {param('offload_folder')} for the layers placed on disk") from None
-        raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
-    except OSError as exc:   # missing or unreadable files
         raise HeadprobeError(f"{param('model', model)}: cannot load ({_first_line(exc)})") from exc
     except Exception as exc:
         if not _damaged_weights(exc, resolved):
@@ -369,11 +368,7 @@ def model_identity(model: str, trust_remote_code: bool = False) -> ModelIdentity
     from transformers import AutoConfig
 
     resolved = resolve_model(model)
-    path = resolved.path
-    if resolved.spec is not None and resolved.spec.gguf_package:
-        path = str(_converted_gguf(resolved.spec))
-    else:
-        _check_remote_code(path, model, trust_remote_code)
+    path = _weights_path(resolved, model, trust_remote_code, weights=False)
     cache_only = check_hub_access(resolved, model)
     try:
         config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code,

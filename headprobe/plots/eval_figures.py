@@ -20,13 +20,10 @@ from matplotlib.ticker import FuncFormatter
 
 from ..eval.result import EvalResult
 from ..eval.ruler_task import ruler_points
+from .profile_figures import _short
 
 #: Red (miss) to green (found), like the needle-in-a-haystack figures of the papers.
 NEEDLE_CMAP = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
-
-
-def _short(name: str) -> str:
-    return name.split("/")[-1]
 
 
 def needle_grid(result: EvalResult, columns: int = 4) -> Figure:

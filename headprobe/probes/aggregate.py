@@ -69,7 +69,7 @@ def needle_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any],
               "mean_seconds": round(mean_of([r.get("seconds", 0.0) for r in records]), 3)}
     per_trial = np.array([r["scores"][kind] for r in passed], dtype=np.float64)   # [passed, layers, heads]
     if settings.get("until_stable"):
-        trials["stopping"] = stopping_block(settings, len(records), per_trial, StopRule.from_json(settings["until_stable"]))
+        trials["stopping"] = stopping_block(settings, len(records), grid_size(settings), per_trial)
     return Profile(kind=kind, model=identity, probe=probe, trials=trials, query_heads=mean,
                    kv_heads=reduce_groups(mean, identity.group_size, group_reduction),
                    group_reduction=group_reduction, intervals=interval_block(per_trial, BootstrapSettings()))
@@ -81,11 +81,14 @@ def grid_size(settings: dict[str, Any]) -> int:
             * len(settings.get("needle_set", {}).get("ids", [])))
 
 
-def stopping_block(settings: dict[str, Any], trials_run: int, per_trial: np.ndarray, rule: StopRule) -> dict[str, Any]:
-    """``trials.stopping`` of an early-stopped profile: the rule, how many grid trials ran, and the top-k
-    Jaccard index of this kind's passing trials (whether the rule holds for it)."""
+def stopping_block(settings: dict[str, Any], trials_run: int, grid_trials: int,
+                   per_trial: np.ndarray) -> dict[str, Any]:
+    """``trials.stopping`` of an early-stopped profile: the rule (``settings["until_stable"]``), how many of
+    the ``grid_trials`` trials ran, and the top-k Jaccard index of this kind's passing trials (whether the
+    rule holds for it)."""
+    rule = StopRule.from_json(settings["until_stable"])
     jaccard = (top_k_jaccard(per_trial, rule.k, rule.bootstrap) if len(per_trial) >= rule.min_passed else None)
-    return {"rule": rule.to_json(), "trials_run": trials_run, "grid_trials": grid_size(settings),
+    return {"rule": rule.to_json(), "trials_run": trials_run, "grid_trials": grid_trials,
             "jaccard": None if jaccard is None else round(jaccard, 4),
             "stable": jaccard is not None and jaccard >= rule.jaccard}
 

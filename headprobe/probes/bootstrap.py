@@ -39,9 +39,6 @@ class BootstrapSettings:
     level: float = 0.9
     seed: int = 0
 
-    def to_json(self) -> dict:
-        return asdict(self)
-
 
 def resample_means(scores: np.ndarray, settings: BootstrapSettings) -> np.ndarray:
     """Means of ``scores`` ``[trials, ...]`` over ``settings.resamples`` resamples of the trials:
@@ -117,6 +114,6 @@ def interval_block(scores: np.ndarray, settings: BootstrapSettings, ks: tuple[in
         ``[passing trials, layers, query_heads]``.
     """
     low, high = head_intervals(scores, settings)
-    return {"method": "bootstrap", **settings.to_json(), "trials": int(np.asarray(scores).shape[0]),
+    return {"method": "bootstrap", **asdict(settings), "trials": int(np.asarray(scores).shape[0]),
             "low": np.round(low, 6).tolist(), "high": np.round(high, 6).tolist(),
             "top_k_jaccard": {str(k): round(top_k_jaccard(scores, k, settings), 4) for k in ks}}

@@ -32,14 +32,15 @@ import torch
 
 from ..attention import RowRecorder
 from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
+from ..haystack.context import common_prefix_length
 from ..haystack.contexts import ContextExample, ContextSet, DocumentPrompt, document_prompt, read_contexts
 from ..haystack.needles import Needle
 from ..models.cache_argument import with_cache
 from ..models.identity import ModelIdentity
 from ..profile import Profile, reduce_groups
-from .aggregate import exact_head_means, require_field, require_numbers
-from .bootstrap import BootstrapSettings, interval_block, top_k_jaccard
-from .early_stop import StopRule, run_until_stable
+from .aggregate import exact_head_means, require_field, require_numbers, stopping_block
+from .bootstrap import BootstrapSettings, interval_block
+from .early_stop import run_until_stable
 from .fast_mode import build_batch, prompt_step, run_variant
 from .layer_scores import AnswerSpans, zero_totals
 from .log_settings import portable_file_name, shard_setting
@@ -186,9 +187,6 @@ class ContextPass(PassSteps):
     #: Whether a profile clips negative mean scores to 0 (allocation reads non-negative scores).
     clip_negative = False
 
-    def score_kinds(self, settings: dict[str, Any]) -> tuple[str, ...]:
-        return tuple(k for k in self.kinds if k in settings.get("probes", self.kinds))
-
     def profiles(self, settings: dict[str, Any], records: list[dict[str, Any]]) -> list[Profile]:
         identity = ModelIdentity.from_json(settings["model"], "<trial log>")
         return [example_profile(kind, identity, settings, records, self.gate, self.clip_negative)
@@ -263,12 +261,8 @@ def example_profile(kind: str, identity: ModelIdentity, settings: dict[str, Any]
     if clip_negative:
         trials["clipped_heads"] = clipped
     if settings.get("until_stable"):
-        rule = StopRule.from_json(settings["until_stable"])
-        jaccard = top_k_jaccard(per_trial, rule.k, rule.bootstrap) if len(passed) >= rule.min_passed else None
-        trials["stopping"] = {"rule": rule.to_json(), "trials_run": len(records),
-                              "grid_trials": len(settings.get("example_ids", [])),
-                              "jaccard": None if jaccard is None else round(jaccard, 4),
-                              "stable": jaccard is not None and jaccard >= rule.jaccard}
+        examples = len(settings.get("example_ids", []))
+        trials["stopping"] = stopping_block(settings, len(records), examples, per_trial)
     reduction = settings.get("group_reduction", "mean")
     return Profile(kind=kind, model=identity, probe=probe, trials=trials, query_heads=mean,
                    kv_heads=reduce_groups(mean, identity.group_size, reduction), group_reduction=reduction,
@@ -351,7 +345,7 @@ def _run_fast_batch(lm: LoadedModel, prompts: list[DocumentPrompt], members: lis
     and scored. Returns each example's response tokens and the scores of their steps."""
     identity, device = lm.identity, lm.device
     contexts = [p.context for p in prompts]
-    shared = min(min(_common_prefix(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
+    shared = min(min(common_prefix_length(contexts[0].input_ids, c.input_ids), c.answer_span[0], c.length - 1)
                  for c in contexts)
     batch = build_batch(lm.tokenizer, members, contexts, shared, {e.id: example_needle(e) for e in members})
     cache = batch_cache(prefix_cache(lm.model, contexts[0].input_ids[:shared], device), shared, batch.size)
@@ -434,14 +428,6 @@ def run_reference_examples(lm: LoadedModel, data: ContextInput, examples: list[C
             progress(1)
 
 
-def _common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n
-
-
 class ContextRetrievalPass(ContextPass):
     """The retrieval scores of the answer's span in the user's own contexts."""
 
@@ -462,11 +448,9 @@ class ContextRetrievalPass(ContextPass):
     def chunk_runner(self, lm: LoadedModel, run: PassRun, log: TrialLog,
                      progress: Any) -> Callable[[list[ContextExample]], None]:
         request = run.request
-        config = NeedleProbeConfig(scores=NeedleScores(
-            weight="context_enhanced_retrieval",
-            copy="context_retrieval"), mode=request.mode, chat_template=request.chat_template,
-            batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
-            split_attention=request.split_attention)
+        config = NeedleProbeConfig(scores=self.scores, mode=request.mode, chat_template=request.chat_template,
+                                   batch_size=request.batch_size, max_new_tokens=request.max_new_tokens,
+                                   split_attention=request.split_attention)
         runner = self.runner(request.mode)
         return lambda examples: runner(lm, run.plan.data, examples, config, log.append, progress)
 

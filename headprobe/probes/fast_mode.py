@@ -131,11 +131,9 @@ def depth_batches(specs: list[TrialSpec], shared: list[int], batch_size: int) ->
     by_depth: dict[float, list[int]] = {}
     for i, spec in enumerate(specs):
         by_depth.setdefault(spec.depth, []).append(i)
-    batches = []
-    for members in sorted(by_depth.values(), key=lambda m: -min(shared[i] for i in m)):
-        for start in range(0, len(members), batch_size):
-            batches.append(members[start:start + batch_size])
-    return batches
+    return [members[start:start + batch_size]
+            for members in sorted(by_depth.values(), key=lambda m: -min(shared[i] for i in m))
+            for start in range(0, len(members), batch_size)]
 
 
 # ---- one batch ----------------------------------------------------------------------------------

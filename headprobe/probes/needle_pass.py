@@ -158,10 +158,6 @@ class NeedlePass(PassSteps):
 
     # ---- logs into profiles ------------------------------------------------------------------------
 
-    def score_kinds(self, settings: dict[str, Any]) -> tuple[str, ...]:
-        """The head-score kinds a log of this pass carries (and its profiles average): those it asked for."""
-        return tuple(k for k in self.kinds if k in settings.get("probes", self.kinds))
-
     def profiles(self, settings: dict[str, Any], records: list[dict[str, Any]]) -> list[Profile]:
         """One profile per score kind of the log; a kind no trial passed is left out (all left out: raised)."""
         identity = ModelIdentity.from_json(settings["model"], "<trial log>")

@@ -159,6 +159,10 @@ class PassSteps:
         """The function that runs its trials in ``mode``."""
         return self.runners[mode]
 
+    def score_kinds(self, settings: dict[str, Any]) -> tuple[str, ...]:
+        """The kinds a log of this pass carries (and its profiles average): those it asked for."""
+        return tuple(k for k in self.kinds if k in settings.get("probes", self.kinds))
+
     def read(self, request: ProfileRequest, options: Any, inputs: RunInputs) -> Any:
         """Read and check the pass's input before the model loads (``inputs``: what the request names, each
         file read once; ``options``: the pass's own); refuse bad input (HeadprobeError)."""

@@ -72,21 +72,20 @@ class HaystackCaches:
 
     def __init__(self, keep: int = 8) -> None:
         self.keep = keep
-        self._entries: dict[tuple[int, str], tuple[list[int], Any, float]] = {}
+        self._entries: dict[tuple[int, str], tuple[list[int], Any]] = {}
 
     def get(self, lm: LoadedModel, haystack: Haystack, length: int,
             chat_template: bool) -> tuple[list[int], Any, float]:
         """``(base_ids, cache, seconds)``: ``seconds`` is the forward's time the first time, then 0."""
         key = (length, haystack.fingerprint)
         if key in self._entries:
-            ids, cache, _ = self._entries.pop(key)
-            self._entries[key] = (ids, cache, 0.0)
-            return ids, cache, 0.0
+            self._entries[key] = self._entries.pop(key)         # the most recently used goes last
+            return (*self._entries[key], 0.0)
         start = time.perf_counter()
         base = build_context(lm.tokenizer, haystack, None, length, 0.0, chat_template, lm.identity.max_context)
         cache = prefix_cache(lm.model, base.input_ids, lm.device)
         seconds = time.perf_counter() - start
         while len(self._entries) >= self.keep:
             self._entries.pop(next(iter(self._entries)))
-        self._entries[key] = (base.input_ids, cache, 0.0)
+        self._entries[key] = (base.input_ids, cache)
         return base.input_ids, cache, seconds

@@ -12,7 +12,7 @@ from headprobe_cli.main import main
 
 from headprobe import HeadprobeError, ProfileRequest, run_profile
 from headprobe.files.jsonio import file_fingerprint
-from headprobe.haystack.needles import check_needle_files, gather_needles, shipped_needle_file
+from headprobe.haystack.needles import NEEDLE_KINDS, read_needle_files, shipped_needle_file
 from headprobe.probes.plan import check_profile_run
 
 torch.set_num_threads(1)
@@ -44,20 +44,21 @@ def files(tmp_path) -> dict[str, Path]:
 
 
 def test_needles_are_split_by_their_own_kind(files):
-    paths, needles = gather_needles([files["r"], files["a"], files["mixed"]], "retrieval")
+    given = read_needle_files([files["r"], files["a"], files["mixed"]], NEEDLE_KINDS)
+    paths, needles = given.of_kind("retrieval")
     assert paths == [files["a"], files["mixed"]]
     assert [n.id for n in needles] == ["r01", "r02", "m07"]
-    paths, needles = gather_needles([files["r"], files["a"], files["mixed"]], "reasoning")
+    paths, needles = given.of_kind("reasoning")
     assert paths == [files["r"], files["mixed"]] and [n.id for n in needles] == ["q01", "q02", "q06"]
 
 
 def test_a_kind_no_file_holds_uses_the_shipped_needles(files):
-    paths, needles = gather_needles([files["a"]], "reasoning")
+    paths, needles = read_needle_files([files["a"]], NEEDLE_KINDS).of_kind("reasoning")
     assert paths == [SHIPPED_REASONING] and len(needles) == len(_lines(SHIPPED_REASONING))
 
 
 def test_every_repeated_file_is_used(files):
-    paths, needles = gather_needles([files["a"], files["b"]], "retrieval")
+    paths, needles = read_needle_files([files["a"], files["b"]], NEEDLE_KINDS).of_kind("retrieval")
     assert paths == [files["a"], files["b"]] and [n.id for n in needles] == ["r01", "r02", "xr03", "xr04"]
 
 
@@ -68,14 +69,14 @@ def test_every_repeated_file_is_used(files):
 ])
 def test_files_no_pass_would_read_are_refused(files, given, kinds, message):
     with pytest.raises(HeadprobeError, match=message) as info:
-        check_needle_files([files[g] for g in given], kinds)
+        read_needle_files([files[g] for g in given], kinds)
     assert str(files[given[0]]) in str(info.value) and "\n" not in str(info.value)
 
 
 def test_an_id_two_files_share_is_refused(files, tmp_path):
     again = _write(tmp_path / "again.jsonl", _lines(SHIPPED_RETRIEVAL)[1:2])
     with pytest.raises(HeadprobeError, match="'r02' is also in .*a.jsonl"):
-        check_needle_files([files["a"], again], {"retrieval"})
+        read_needle_files([files["a"], again], {"retrieval"})
 
 
 def test_request_checks_the_files_before_any_work(files, tmp_path):
