@@ -130,7 +130,8 @@ def task_files(folder: Path, tasks: list[str] | None = None) -> list[tuple[str, 
     """``(task, length, file)`` of every RULER file under ``folder``: ``TASK/validation.jsonl`` and
     ``LENGTH/TASK/validation.jsonl``, lengths ascending, tasks in RULER's order; only ``tasks`` when given."""
     found = []
-    for path in folder.glob("**/validation.jsonl"):
+    # the two layouts by name, not "**": a recursive glob does not enter linked folders
+    for path in (*folder.glob("*/validation.jsonl"), *folder.glob("*/*/validation.jsonl")):
         rel = path.relative_to(folder).parts
         length = int(rel[0]) if len(rel) == 3 and rel[0].isdigit() else None
         if len(rel) in (2, 3) and rel[-2] in TASK_FAMILY and (len(rel) == 2 or length is not None):

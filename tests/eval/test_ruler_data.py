@@ -46,6 +46,19 @@ def test_length_folders_limit_and_task_filter(tmp_path):
     assert {e.length for e in examples} == {1024, 2048}
 
 
+def test_task_folders_that_are_links_are_read(tmp_path):
+    """A dataset assembled from links to task folders written elsewhere (one length, chosen tasks)."""
+    write_task(tmp_path / "made" / "2048", "niah_single_1", [niah_row(0, "key-a", "1111111")])
+    write_task(tmp_path / "made" / "2048", "qa_1", [qa_row(0)])
+    (tmp_path / "chosen" / "2048").mkdir(parents=True)
+    (tmp_path / "chosen" / "2048" / "qa_1").symlink_to(tmp_path / "made" / "2048" / "qa_1")
+    (tmp_path / "linked").symlink_to(tmp_path / "made" / "2048" / "niah_single_1")
+    assert [e.id for e in load_ruler_dir(tmp_path / "chosen")] == ["qa_1/2048/0"]
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "niah_single_1").symlink_to(tmp_path / "linked")
+    assert [e.id for e in load_ruler_dir(tmp_path / "one")] == ["niah_single_1/-/0"]
+
+
 @pytest.mark.parametrize("line, match", [
     ("{not json", "not JSON"),
     (json.dumps({"index": 0, "outputs": ["1"]}), "field 'input'"),
