@@ -20,7 +20,7 @@ from matplotlib.ticker import FuncFormatter
 
 from ..eval.result import EvalResult
 from ..eval.ruler_task import ruler_points
-from .profile_figures import _short
+from .profile_figures import short_model_name
 
 #: Red (miss) to green (found), like the needle-in-a-haystack figures of the papers.
 NEEDLE_CMAP = LinearSegmentedColormap.from_list("needle", ["#F0496E", "#EBB839", "#0CD79F"])
@@ -56,7 +56,7 @@ def needle_grid(result: EvalResult, columns: int = 4) -> Figure:
     task = {"babi": "reasoning-in-a-haystack accuracy", "dataset": "dataset QA accuracy",
             "longgen": "long generation, ROUGE-L F1 against the full cache"}.get(result.task.get("kind"),
                                                                                   "needle-in-a-haystack accuracy")
-    fig.suptitle(f"{_short(result.model.get('name', ''))}: {task}", fontsize=11)
+    fig.suptitle(f"{short_model_name(result.model.get('name', ''))}: {task}", fontsize=11)
     fig.tight_layout()
     return fig
 
@@ -92,7 +92,7 @@ def accuracy_vs_memory(result: EvalResult) -> Figure:
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     what = "long-generation fidelity" if longgen else "accuracy"
-    ax.set_title(f"{_short(result.model.get('name', ''))}: {what} vs cache memory", fontsize=10)
+    ax.set_title(f"{short_model_name(result.model.get('name', ''))}: {what} vs cache memory", fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -151,7 +151,7 @@ def ruler_vs_memory(result: EvalResult, columns: int = 3) -> Figure:
                 handles[lab] = h
                 labels.append(lab)
     fig.legend([handles[lab] for lab in labels], labels, loc="center right", fontsize=7, frameon=False)
-    fig.suptitle(f"{_short(result.model.get('name', ''))}: RULER score vs cache held\n"
+    fig.suptitle(f"{short_model_name(result.model.get('name', ''))}: RULER score vs cache held\n"
                  "(labels = compression ratio; dashed = kvpress's presses)", fontsize=10)
     fig.tight_layout(rect=(0, 0, 1 - 1.8 / (4.6 * cols + 1.8), 1))
     return fig
@@ -170,7 +170,7 @@ def ablation_bars(ablation: dict) -> Figure:
     ax.set_ylim(0, 1.05)
     ax.set_ylabel("needle accuracy")
     ax.legend(fontsize=7)
-    ax.set_title(f"{_short(ablation['model'].get('name', ''))}: masking {ablation['profile_kind']} heads",
+    ax.set_title(f"{short_model_name(ablation['model'].get('name', ''))}: masking {ablation['profile_kind']} heads",
                  fontsize=10)
     fig.tight_layout()
     return fig

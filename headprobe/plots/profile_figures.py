@@ -33,7 +33,8 @@ PLOT_FORMATS = ("png", "svg")
 _CMAP = "viridis"
 
 
-def _short(name: str) -> str:
+def short_model_name(name: str) -> str:
+    """A model's name without its hub owner, as figure titles show it (``"HuggingFaceTB/SmolLM2"`` → ``"SmolLM2"``)."""
     return name.split("/")[-1]
 
 
@@ -48,7 +49,7 @@ def _scores(p: Profile, granularity: str) -> np.ndarray:
         raise HeadprobeError(f"granularity must be 'query' or 'kv', got {granularity!r}")
     s = p.query_heads if granularity == "query" else p.kv_heads
     if s is None:
-        raise HeadprobeError(f"{p.kind} profile of {_short(p.model.name)} has no head scores to plot")
+        raise HeadprobeError(f"{p.kind} profile of {short_model_name(p.model.name)} has no head scores to plot")
     return np.asarray(s, dtype=np.float64)
 
 
@@ -147,7 +148,7 @@ def head_heatmap(profile: Profile, granularity: str = "query", top_k: int = 5) -
     ax.set_xlabel(unit)
     ax.set_ylabel("layer")
     tops = ", ".join(f"{l}-{h}" for l, h in top[:5])
-    title = ax.set_title(f"{_short(profile.model.name)}: {_probe_label(profile)} scores per {unit}"
+    title = ax.set_title(f"{short_model_name(profile.model.name)}: {_probe_label(profile)} scores per {unit}"
                          + (f"\ntop {len(top)}: {tops}" if top else ""), fontsize=11)
     fit_title(fig, title)
     return fig
@@ -199,7 +200,7 @@ def compare_heatmaps(first: Profile, second: Profile, granularity: str = "query"
         ax.set_xlabel(unit)
         ax.set_ylabel("layer")
     rho = spearman(a, b)
-    fit_title(fig, fig.suptitle(f"{_short(first.model.name)}: {_probe_label(first)} vs {_probe_label(second)}, "
+    fit_title(fig, fig.suptitle(f"{short_model_name(first.model.name)}: {_probe_label(first)} vs {_probe_label(second)}, "
                                 f"Spearman ρ = {rho:.2f}", fontsize=11))
     return fig
 
@@ -207,7 +208,7 @@ def compare_heatmaps(first: Profile, second: Profile, granularity: str = "query"
 def retention_curves(profile: Profile) -> Figure:
     """Layer-retention share per layer, one line per task type, mean ± std band."""
     if not profile.retention:
-        raise HeadprobeError(f"{profile.kind} profile of {_short(profile.model.name)} has no layer retention to plot")
+        raise HeadprobeError(f"{profile.kind} profile of {short_model_name(profile.model.name)} has no layer retention to plot")
     layers = profile.model.num_layers
     fig, ax = plt.subplots(figsize=(max(6.0, 0.22 * layers + 3), 4.2), constrained_layout=True)
     x = np.arange(layers)
@@ -221,7 +222,7 @@ def retention_curves(profile: Profile) -> Figure:
     ax.set_ylabel("share of retained tokens")
     ax.set_xlim(-0.5, layers - 0.5)
     ax.legend(fontsize=8, frameon=False, ncol=2)
-    ax.set_title(f"{_short(profile.model.name)}: layer retention by task (mean ± std)", fontsize=11)
+    ax.set_title(f"{short_model_name(profile.model.name)}: layer retention by task (mean ± std)", fontsize=11)
     return fig
 
 
@@ -245,7 +246,7 @@ def budget_heatmap(bm: BudgetMap, top_k: int = 5) -> Figure:
     bar.tick_params(labelsize=8)
     m = bm.method
     params = ", ".join(f"{k}={m[k]}" for k in ("beta", "capacity", "window") if m.get(k) is not None)
-    fit_title(fig, fig.suptitle(f"{_short(bm.model.name)}: {m.get('allocator')} budgets ({params}); "
+    fit_title(fig, fig.suptitle(f"{short_model_name(bm.model.name)}: {m.get('allocator')} budgets ({params}); "
                                 f"total {int(b.sum())}", fontsize=11))
     return fig
 

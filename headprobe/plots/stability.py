@@ -19,7 +19,7 @@ from ..errors import HeadprobeError
 from ..probes.aggregate import gate_name
 from ..probes.bootstrap import BootstrapSettings, top_k_jaccard
 from ..profile import Profile
-from .profile_figures import _probe_label, _short
+from .profile_figures import _probe_label, short_model_name
 
 
 def jaccard_curve(records: list[dict[str, Any]], kind: str, gate: str, k: int, every: int = 10,
@@ -62,7 +62,7 @@ def stability_figure(profile: Profile, top: int = 20, log: tuple[dict[str, Any],
         Top-k set of the stability panel (default: the run's ``--until-stable`` k, else 20).
     """
     if profile.query_heads is None or not profile.intervals:
-        raise HeadprobeError(f"{profile.kind} profile of {_short(profile.model.name)} has no bootstrap intervals "
+        raise HeadprobeError(f"{profile.kind} profile of {short_model_name(profile.model.name)} has no bootstrap intervals "
                              "to plot (profiles written by this version of headprobe have them)")
     iv = profile.intervals
     panels = 2 if log is not None else 1
@@ -99,7 +99,7 @@ def stability_figure(profile: Profile, top: int = 20, log: tuple[dict[str, Any],
     mode = profile.probe.get("mode", "?")
     share = profile.probe.get("recompute_share")
     mode_label = f"{mode}, share {100 * share:g}%" if share is not None else mode
-    fig.suptitle(f"{_short(profile.model.name)}: {_probe_label(profile)} ({mode_label}): head stability",
+    fig.suptitle(f"{short_model_name(profile.model.name)}: {_probe_label(profile)} ({mode_label}): head stability",
                  fontsize=11)
     fig.tight_layout()
     return fig
