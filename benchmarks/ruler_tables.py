@@ -16,6 +16,9 @@ seed 0, tune's bootstrap). ``best-kvpress`` stands for the kvpress press with th
 Several results of the same samples (a later run adding settings to an earlier one) make one table: a setting
 in more than one keeps its first file's row, and the script stops if the runs answered it differently, so
 a comparison across files rests on identical runs of the shared settings.
+
+``--task NAME`` keeps one RULER task's samples (a run of several tasks), so each task's rows carry their own
+paired intervals.
 """
 
 from __future__ import annotations
@@ -29,12 +32,15 @@ from headprobe.eval import EvalResult
 from headprobe.tune.halving import HalvingRule, bootstrap_means, interval
 
 
-def _rows(result: EvalResult) -> list[dict]:
+def _rows(result: EvalResult, task: str | None = None) -> list[dict]:
     caps = {int(c): float(r) for r, c in (result.task.get("ratios") or {}).items()}
     out = []
     for cell in result.cells:
         setting = next(s for s in result.settings if s["label"] == cell["setting"])
-        trials = sorted(cell["trials"], key=lambda t: t["item"])
+        trials = sorted((t for t in cell["trials"] if task is None or t.get("task") == task),
+                        key=lambda t: t["item"])
+        if not trials:
+            sys.exit(f"no samples of task {task!r} in the run's setting {cell['setting']}")
         out.append({
             "label": cell["setting"], "name": setting["name"], "capacity": setting["capacity"],
             "ratio": caps.get(setting["capacity"]) if setting["capacity"] is not None else None,
@@ -72,8 +78,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", nargs="+", metavar="RESULT")
     ap.add_argument("--against", nargs="+", default=["snapkv", "best-kvpress"])
+    ap.add_argument("--task", default=None, help="one RULER task's samples only (default: every task)")
     args = ap.parse_args()
-    rows = _merged([_rows(EvalResult.load(path)) for path in args.results], args.results)
+    rows = _merged([_rows(EvalResult.load(path), args.task) for path in args.results], args.results)
     full = next((r for r in rows if r["name"] == "full"), None)
     rule = HalvingRule()
     head = "| setting | ratio | RULER score | full cache | cache bytes / full | tokens attended a head | s / sample |"
