@@ -34,7 +34,14 @@ from .common_args import (
     unset,
 )
 from .progress import tqdm_progress
-from .ruler_args import add_ruler_arguments, check_ruler_flags, dataset_run, ruler_plan, ruler_summary
+from .ruler_args import (
+    add_ruler_arguments,
+    add_save_samples_argument,
+    check_ruler_flags,
+    dataset_run,
+    ruler_plan,
+    ruler_summary,
+)
 
 if TYPE_CHECKING:
     from headprobe.distributed.ranks import Ranks
@@ -74,6 +81,7 @@ def register(p: argparse.ArgumentParser) -> None:
                    help="longgen: a long report on the haystack, scored by ROUGE-L against the full cache's report")
     add_task_arguments(p)
     add_ruler_arguments(p)
+    add_save_samples_argument(p)
     p.add_argument("--seed", type=int, default=unset(0),
                    help="seed of the generated questions (--task babi, and ruler without --dataset)")
     p.add_argument("--max-new-tokens", type=int, default=unset(32),
@@ -128,7 +136,7 @@ def _eval(args: argparse.Namespace, ranks: Ranks) -> int:
     lm = load_model(args, ranks)
     resolve_prompt_format(args, lm.tokenizer)
     if examples is not None or ruler is not None:
-        run = dataset_run(args, lm, ruler, examples, settings)
+        run = dataset_run(args, lm, ruler, examples, settings, main=ranks.is_main)
         progress = _lazy_progress(len(ranks.mine(run.examples)) * len(run.settings), "eval")
         result = run_dataset_eval_on_ranks(lm, run.examples, run.settings, out, ranks, run.max_length,
                                            run.max_new_tokens, run.name,

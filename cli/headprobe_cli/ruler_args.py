@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import argparse
+import os
+import shutil
 import tempfile
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from headprobe.errors import HeadprobeError
@@ -36,6 +39,14 @@ def add_ruler_arguments(parser: argparse.ArgumentParser) -> None:
                              "removed (one capacity per ratio for every setting; --task ruler or dataset)")
 
 
+def add_save_samples_argument(parser: argparse.ArgumentParser) -> None:
+    """``--save-samples`` (eval's: tune generates two seeds and keeps neither)."""
+    parser.add_argument("--save-samples", default=None, metavar="DIR",
+                        help="--task ruler without --dataset: also write the generated samples to DIR as RULER "
+                             "lays them out (DIR/LENGTH/TASK/validation.jsonl), for later runs' --dataset; a task "
+                             "folder already there is refused (--resume keeps it, --force replaces it)")
+
+
 @dataclass
 class RulerPlan:
     """What ``--task ruler`` runs: examples read now or generated once the tokenizer is loaded."""
@@ -44,14 +55,19 @@ class RulerPlan:
     request: Any = None
     record: dict[str, Any] = field(default_factory=dict)
     max_new_tokens: int | None = None
+    save_to: Path | None = None
+    replace_saved: bool = False
 
 
 def check_ruler_flags(args: argparse.Namespace) -> None:
     """Refuse the ruler flags where they do not apply, before :func:`check_task_flags` forgets what was typed."""
     if args.task != "ruler":
-        for flag, dest in (("--ruler-tasks", "ruler_tasks"), ("--samples", "samples")):
+        for flag, dest in (("--ruler-tasks", "ruler_tasks"), ("--samples", "samples"), ("--save-samples", "save_samples")):
             if getattr(args, dest) is not None:
                 raise HeadprobeError(f"{flag}: applies to --task ruler only, not --task {args.task}")
+    if args.task == "ruler" and args.dataset and args.save_samples is not None:
+        raise HeadprobeError("--save-samples: writes the samples RULER's generator makes; --dataset reads them "
+                             "(leave one out)")
     if args.ratios is not None:
         if args.task not in ("ruler", "dataset"):
             raise HeadprobeError(f"--ratios: applies to --task ruler or dataset only (one prompt length a run), not "
@@ -86,7 +102,22 @@ def ruler_plan(args: argparse.Namespace) -> RulerPlan | None:
     _check_one_length(args, set(request.lengths))
     max_context = model_identity(args.model, args.trust_remote_code).max_context
     check_ruler_generation(request, max_context)
-    return RulerPlan(None, request, {"generated": request.to_json()}, args.ruler_cap)
+    save_to = None if args.save_samples is None else _checked_save_folder(Path(args.save_samples), request, args)
+    return RulerPlan(None, request, {"generated": request.to_json()}, args.ruler_cap, save_to, bool(args.force))
+
+
+def _checked_save_folder(folder: Path, request: RulerGeneration, args: argparse.Namespace) -> Path:
+    """``--save-samples DIR``, refused before the model loads where it cannot hold the generated files or would
+    replace a task folder without ``--force`` (``--resume`` keeps those already there)."""
+    if folder.exists() and not folder.is_dir():
+        raise HeadprobeError(f"--save-samples {folder}: not a folder")
+    if args.force or args.resume:
+        return folder
+    there = [folder / str(n) / t for n in request.lengths for t in request.tasks if (folder / str(n) / t).exists()]
+    if there:
+        raise HeadprobeError(f"--save-samples {folder}: {there[0]} already exists; pass --force to replace it, "
+                             "--resume to keep it, or choose another folder")
+    return folder
 
 
 def _check_one_length(args: argparse.Namespace, lengths: set[Any]) -> None:
@@ -95,15 +126,37 @@ def _check_one_length(args: argparse.Namespace, lengths: set[Any]) -> None:
                              "one --lengths value or a --dataset of one length")
 
 
-def ruler_examples(plan: RulerPlan, tokenizer: Any) -> list[Any]:
-    """The plan's examples, generated now for ``tokenizer`` when they were not read."""
+def ruler_examples(plan: RulerPlan, tokenizer: Any, save: bool = True) -> list[Any]:
+    """The plan's examples, generated now for ``tokenizer`` when they were not read; with ``save`` (the main
+    rank) and ``plan.save_to``, their files also land there."""
     if plan.examples is None:
         with tempfile.TemporaryDirectory(prefix="headprobe-ruler-") as folder:
             request = plan.request
             steps = tqdm_steps(len(request.tasks) * len(request.lengths), "RULER's generator", unit="task")
             generate_ruler(request, tokenizer, folder, progress=steps)
             plan.examples = load_ruler_dir(folder, list(plan.request.tasks))
+            if save and plan.save_to is not None:
+                save_samples(Path(folder), plan)
     return plan.examples
+
+
+def save_samples(generated: Path, plan: RulerPlan) -> None:
+    """Copy each generated ``LENGTH/TASK`` folder into ``plan.save_to``, each one whole or not at all (copied
+    beside its place, then renamed); a folder already there is replaced only with ``plan.replace_saved``."""
+    assert plan.save_to is not None and plan.request is not None
+    for length in plan.request.lengths:
+        for task in plan.request.tasks:
+            dest = plan.save_to / str(length) / task
+            if dest.exists() and not plan.replace_saved:
+                print(f"kept {dest} (--resume)")
+                continue
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            staged = Path(tempfile.mkdtemp(prefix=f".{task}.", dir=dest.parent))
+            shutil.copytree(generated / str(length) / task, staged, dirs_exist_ok=True)
+            if dest.exists():
+                shutil.rmtree(dest)
+            os.replace(staged, dest)
+    print(f"wrote RULER's samples to {plan.save_to} (read them again with --dataset {plan.save_to})")
 
 
 def ratio_settings(args: argparse.Namespace, lm: LoadedModel, examples: list[Any], answer_task: Any,
@@ -136,9 +189,9 @@ class DatasetRun:
 
 
 def dataset_run(args: argparse.Namespace, lm: LoadedModel, plan: RulerPlan | None, examples: list[Any] | None,
-                settings: list[Any]) -> DatasetRun:
-    """Once the model is loaded: RULER's examples (generated if need be) and answer task, and the settings at
-    the capacities ``--ratios`` come to."""
+                settings: list[Any], main: bool = True) -> DatasetRun:
+    """Once the model is loaded: RULER's examples (generated if need be; ``--save-samples`` written by the
+    ``main`` rank) and answer task, and the settings at the capacities ``--ratios`` come to."""
     # loads numpy: imported when the command runs, not for --help
     from headprobe.eval.ruler_task import RulerTask
 
@@ -146,7 +199,7 @@ def dataset_run(args: argparse.Namespace, lm: LoadedModel, plan: RulerPlan | Non
         task: Any = LongBenchQA()
         max_length, new_tokens, name = args.max_length, args.max_new_tokens, str(args.dataset)
     else:
-        examples = ruler_examples(plan, lm.tokenizer)
+        examples = ruler_examples(plan, lm.tokenizer, save=main)
         task = RulerTask(plan.record, plan.max_new_tokens)
         max_length = lm.identity.max_context or 2**31 - 1     # the prompt and its answer must fit the model
         new_tokens = max(task.new_tokens(ex, 0) for ex in examples)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -13,6 +14,7 @@ from headprobe_cli.main import main
 from ruler_rows import write_ruler_dir
 
 from headprobe.eval import EvalResult
+from headprobe.eval.ruler_data import load_ruler_dir
 
 torch.set_num_threads(1)
 
@@ -97,9 +99,11 @@ def test_smollm2_full_cache_answers_rulers_niah(smollm2, tmp_path, capsys, monke
     out = tmp_path / "r.json"
     assert main(["eval", "--task", "ruler", "--ruler-tasks", "niah_single_1", "--lengths", "1024", "--samples", "3",
                  "--settings", "full", "streaming", "--capacities", "64", "--max-new-tokens", "24",
-                 "--out", str(out), "--plot", "none"]) == 0
+                 "--out", str(out), "--plot", "none", "--save-samples", str(tmp_path / "saved")]) == 0
     capsys.readouterr()
     result = EvalResult.load(out)
+    saved = load_ruler_dir(tmp_path / "saved", ["niah_single_1"])       # RULER's own files, kept
+    assert [(ex.length, list(ex.outputs)) for ex in saved] == [(1024, t["gold"]) for t in result.cells[0]["trials"]]
     full = next(c for c in result.cells if c["setting"] == "full")
     assert [t["score"] for t in full["trials"]] == [1.0, 1.0, 1.0], [t["response"] for t in full["trials"]]
     assert all(t["gold"][0] in t["response"] for t in full["trials"])
@@ -123,3 +127,96 @@ def test_ratios_for_a_qa_dataset(tiny_dir, tmp_path, capsys):
     assert [s["capacity"] for s in result.settings] == [None, round(0.5 * sum(lengths) / len(lengths))]
     assert "ruler_scores" not in json.loads(out.read_text())
     capsys.readouterr()
+
+
+def _fake_generator(monkeypatch):
+    """RULER's generator replaced by one that writes two niah_single_1 samples per length (the layout its task
+    scripts write: FOLDER/LENGTH/TASK/validation.jsonl); returns the calls' seeds."""
+    from headprobe_cli import ruler_args
+    from ruler_rows import niah_row, write_task
+
+    calls = []
+
+    def generate(request, tokenizer, folder, progress=None):
+        calls.append(request.seed)
+        for n in request.lengths:
+            for t in request.tasks:
+                write_task(Path(folder) / str(n), t, [niah_row(0, "flippant-twine", "2694522"),
+                                                      niah_row(1, "old-snowplow", f"71208{request.seed:02d}")])
+        return Path(folder)
+
+    monkeypatch.setattr(ruler_args, "generate_ruler", generate)
+    monkeypatch.setattr(ruler_args, "check_ruler_generation", lambda request, max_context: None)
+    return calls
+
+
+def test_save_samples_writes_what_dataset_reads_back(tiny_dir, tmp_path, capsys, monkeypatch):
+    """``--save-samples DIR`` writes the generated files in RULER's layout; ``--dataset DIR`` runs the same
+    prompts; a task folder already there is refused before the model loads, kept by --resume, replaced by
+    --force."""
+    calls = _fake_generator(monkeypatch)
+    saved = tmp_path / "saved"
+    base = ["eval", "--model", str(tiny_dir), "--task", "ruler", "--settings", "full", "--max-new-tokens", "2",
+            "--plot", "none"]
+    gen = ["--ruler-tasks", "niah_single_1", "--lengths", "1024", "--samples", "2"]
+    assert main(base + gen + ["--save-samples", str(saved), "--out", str(tmp_path / "a.json")]) == 0
+    assert "wrote RULER's samples to" in capsys.readouterr().out
+    path = saved / "1024" / "niah_single_1" / "validation.jsonl"
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["outputs"] for r in rows] == [["2694522"], ["7120800"]]
+    assert [p.name for p in path.parent.parent.iterdir()] == ["niah_single_1"]      # no staging folder left
+    assert main(base + ["--dataset", str(saved), "--out", str(tmp_path / "b.json")]) == 0
+    generated, read = EvalResult.load(tmp_path / "a.json"), EvalResult.load(tmp_path / "b.json")
+    key = [(t["item"], t["prompt_len"], t["gold"], t["response"]) for t in generated.cells[0]["trials"]]
+    assert key == [(t["item"], t["prompt_len"], t["gold"], t["response"]) for t in read.cells[0]["trials"]]
+
+    monkeypatch.setattr(cmd_eval, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    assert main(base + gen + ["--save-samples", str(saved), "--out", str(tmp_path / "c.json")]) == 2
+    err = capsys.readouterr().err
+    assert f"--save-samples {saved}: {path.parent} already exists; pass --force" in err
+    monkeypatch.undo()
+    calls = _fake_generator(monkeypatch)
+    (path.parent / "marker").write_text("the user's")
+    assert main(base + gen + ["--save-samples", str(saved), "--out", str(tmp_path / "a.json"), "--resume"]) == 0
+    assert f"kept {path.parent} (--resume)" in capsys.readouterr().out
+    assert (path.parent / "marker").exists()                                      # --resume keeps it
+    assert main(base + gen + ["--seed", "7", "--save-samples", str(saved), "--out", str(tmp_path / "d.json"),
+                              "--force"]) == 0
+    assert "wrote RULER's samples to" in capsys.readouterr().out
+    assert not (path.parent / "marker").exists()                                  # --force replaces it
+    assert json.loads(path.read_text().splitlines()[1])["outputs"] == ["7120807"]
+    assert calls == [0, 7]
+
+
+@pytest.mark.parametrize("extra, expect", [
+    (["--task", "needle", "--save-samples", "S"], "--save-samples: applies to --task ruler only"),
+    (["--task", "ruler", "--dataset", "DATA", "--save-samples", "S"], "--save-samples: writes the samples"),
+    (["--task", "ruler", "--ruler-tasks", "niah_single_1", "--lengths", "1024", "--save-samples", "FILE"],
+     "not a folder"),
+])
+def test_save_samples_refusals(tiny_dir, tmp_path, capsys, monkeypatch, extra, expect):
+    _fake_generator(monkeypatch)
+    monkeypatch.setattr(cmd_eval, "load_model", lambda *a, **k: (_ for _ in ()).throw(AssertionError("loaded")))
+    data = write_ruler_dir(tmp_path / "ruler")
+    (tmp_path / "file").write_text("x")
+    swap = {"DATA": str(data), "S": str(tmp_path / "s"), "FILE": str(tmp_path / "file")}
+    assert main(["eval", "--model", str(tiny_dir), "--out", str(tmp_path / "e.json")]
+                + [swap.get(x, x) for x in extra]) == 2
+    lines = [x for x in capsys.readouterr().err.splitlines() if "error" in x]
+    assert len(lines) == 1 and expect in lines[0], lines
+
+
+def test_save_samples_only_on_the_main_rank(tmp_path, monkeypatch):
+    """Under torchrun every rank generates the same samples; only the main rank writes them."""
+    from headprobe_cli.ruler_args import RulerPlan, ruler_examples
+
+    from headprobe.eval.ruler_generate import RulerGeneration
+
+    _fake_generator(monkeypatch)
+    request = RulerGeneration(("niah_single_1",), (1024,), 2, 0)
+    plan = RulerPlan(None, request, save_to=tmp_path / "s")
+    assert len(ruler_examples(plan, tokenizer=None, save=False)) == 2
+    assert not (tmp_path / "s").exists()
+    plan = RulerPlan(None, request, save_to=tmp_path / "s")
+    assert len(ruler_examples(plan, tokenizer=None, save=True)) == 2
+    assert (tmp_path / "s" / "1024" / "niah_single_1" / "validation.jsonl").is_file()
