@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import os
-import shutil
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,6 +13,8 @@ from headprobe.errors import HeadprobeError
 from headprobe.eval.answer_tasks import LongBenchQA
 from headprobe.eval.ruler_data import load_ruler_dir
 from headprobe.eval.ruler_generate import RulerGeneration, check_ruler_generation, generate_ruler
+from headprobe.files.atomic import write_folder_atomically
+from headprobe.files.jsonio import check_writable_dir
 from headprobe.models.loading import model_identity
 
 from .common_args import chat_template_wanted, plain, typed
@@ -111,6 +111,7 @@ def _checked_save_folder(folder: Path, request: RulerGeneration, args: argparse.
     replace a task folder without ``--force`` (``--resume`` keeps those already there)."""
     if folder.exists() and not folder.is_dir():
         raise HeadprobeError(f"--save-samples {folder}: not a folder")
+    check_writable_dir(folder)
     if args.force or args.resume:
         return folder
     there = [folder / str(n) / t for n in request.lengths for t in request.tasks if (folder / str(n) / t).exists()]
@@ -141,8 +142,8 @@ def ruler_examples(plan: RulerPlan, tokenizer: Any, save: bool = True) -> list[A
 
 
 def save_samples(generated: Path, plan: RulerPlan) -> None:
-    """Copy each generated ``LENGTH/TASK`` folder into ``plan.save_to``, each one whole or not at all (copied
-    beside its place, then renamed); a folder already there is replaced only with ``plan.replace_saved``."""
+    """Write each generated ``LENGTH/TASK`` folder into ``plan.save_to``, whole (``write_folder_atomically``);
+    a folder already there is left as it is unless ``plan.replace_saved`` (its files are then replaced)."""
     assert plan.save_to is not None and plan.request is not None
     for length in plan.request.lengths:
         for task in plan.request.tasks:
@@ -150,12 +151,8 @@ def save_samples(generated: Path, plan: RulerPlan) -> None:
             if dest.exists() and not plan.replace_saved:
                 print(f"kept {dest} (--resume)")
                 continue
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            staged = Path(tempfile.mkdtemp(prefix=f".{task}.", dir=dest.parent))
-            shutil.copytree(generated / str(length) / task, staged, dirs_exist_ok=True)
-            if dest.exists():
-                shutil.rmtree(dest)
-            os.replace(staged, dest)
+            files = {f.name: f.read_bytes() for f in sorted((generated / str(length) / task).iterdir()) if f.is_file()}
+            write_folder_atomically(dest, files, overwrite=plan.replace_saved)
     print(f"wrote RULER's samples to {plan.save_to} (read them again with --dataset {plan.save_to})")
 
 
