@@ -34,6 +34,7 @@ _FRONTEND: dict[str, dict[str, str]] = {
     "outputs": {
         "atomic_write_json": "files.jsonio",
         "check_writable_dir": "files.jsonio",
+        "write_folder_atomically": "files.atomic",
         "read_json": "files.jsonio",
         "check_overwrite": "files.overwrite",
         "model_slug": "models.registry",
