@@ -57,6 +57,7 @@ class RulerPlan:
     max_new_tokens: int | None = None
     save_to: Path | None = None
     replace_saved: bool = False
+    keep_saved: bool = False
 
 
 def check_ruler_flags(args: argparse.Namespace) -> None:
@@ -103,7 +104,8 @@ def ruler_plan(args: argparse.Namespace) -> RulerPlan | None:
     max_context = model_identity(args.model, args.trust_remote_code).max_context
     check_ruler_generation(request, max_context)
     save_to = None if args.save_samples is None else _checked_save_folder(Path(args.save_samples), request, args)
-    return RulerPlan(None, request, {"generated": request.to_json()}, args.ruler_cap, save_to, bool(args.force))
+    return RulerPlan(None, request, {"generated": request.to_json()}, args.ruler_cap, save_to, bool(args.force),
+                     bool(args.resume))
 
 
 def _checked_save_folder(folder: Path, request: RulerGeneration, args: argparse.Namespace) -> Path:
@@ -143,12 +145,13 @@ def ruler_examples(plan: RulerPlan, tokenizer: Any, save: bool = True) -> list[A
 
 def save_samples(generated: Path, plan: RulerPlan) -> None:
     """Write each generated ``LENGTH/TASK`` folder into ``plan.save_to``, whole (``write_folder_atomically``);
-    a folder already there is left as it is unless ``plan.replace_saved`` (its files are then replaced)."""
+    a folder already there is kept with ``plan.keep_saved`` (``--resume``), its files replaced with
+    ``plan.replace_saved`` (``--force``), and otherwise refused by the writer (one written meanwhile)."""
     assert plan.save_to is not None and plan.request is not None
     for length in plan.request.lengths:
         for task in plan.request.tasks:
             dest = plan.save_to / str(length) / task
-            if dest.exists() and not plan.replace_saved:
+            if dest.exists() and plan.keep_saved and not plan.replace_saved:
                 print(f"kept {dest} (--resume)")
                 continue
             files = {f.name: f.read_bytes() for f in sorted((generated / str(length) / task).iterdir()) if f.is_file()}
