@@ -17,7 +17,13 @@ tokens; the ratio each prompt ran at is in its trial (``compression_ratio``).
 What a trial records beside the answer: the bytes kvpress's cache really held (a scorer press shortens the
 cache; a head-wise press such as ``AdaKVPress`` or ``DuoAttentionPress`` masks keys in a full cache, so its
 bytes are the full cache's) and ``attended_tokens``, the prompt tokens a KV head attends while decoding, as
-a mean over layers and heads (masked keys left out).
+a mean over layers and heads (masked keys left out; sliding-window layers left out, as in headprobe's rows).
+
+A model with sliding-window layers (Gemma 3) gets the cache transformers builds for it (each sliding layer
+keeps its window), and a press compresses only the layers that attend every token: kvpress's own rule for
+Gemma 3, which kvpress applies to ``Gemma3ForConditionalGeneration`` only, applied to the text-only
+``Gemma3ForCausalLM`` as well (:func:`_pass_over_sliding_layers`). headprobe's settings compress the same
+layers.
 
 kvpress is imported only inside the functions that build or run a press: importing it patches
 transformers' attention functions for the whole process.
@@ -232,11 +238,15 @@ def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str
                              f"{question_len} question tokens; kvpress needs both")
     ratio = context_ratio(capacity, context_len, question_len) if spec.ratio and capacity is not None else None
     press = make_press(name, options, ratio, written)
+    if press is not None:
+        _pass_over_sliding_layers(press)
     pipe = _pipeline(lm)
     generated: list[int] = []
     hook = lm.model.register_forward_hook(
         lambda _m, _a, out: generated.append(int(out.logits[0, -1].argmax())))
-    cache = DynamicCache()
+    # the cache transformers builds for the model: a sliding-window layer (Gemma 3) keeps its window, as
+    # headprobe's own cache does
+    cache = DynamicCache(config=lm.model.config)
     start = time.perf_counter()
     try:
         text = pipe.forward({"context_ids": torch.tensor([input_ids[:context_len]]),
@@ -259,9 +269,30 @@ def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str
                     attended_tokens=round(_attended_context(lm.model, cache) + question_len, 2))
 
 
+def _pass_over_sliding_layers(press: Any) -> None:
+    """Let ``press`` compress only the layers that attend every token, as kvpress does for Gemma 3.
+
+    kvpress skips Gemma 3's sliding-window layers, but only in ``Gemma3ForConditionalGeneration``; in the
+    text-only ``Gemma3ForCausalLM`` it would compress them too, and a sliding layer whose cache no longer
+    holds its last tokens at their positions attends nothing useful (every answer is lost). Here kvpress's
+    own hook runs unchanged on every other layer and returns a sliding layer's output untouched (a layer
+    whose attention module says ``is_sliding``); a model without sliding layers runs as before.
+    """
+    compress_layer = press.forward_hook
+
+    def forward_hook(module: Any, args: Any, kwargs: Any, output: Any) -> Any:
+        if getattr(module, "is_sliding", False):
+            return output
+        return compress_layer(module, args, kwargs, output)
+
+    press.forward_hook = forward_hook
+
+
 def _attended_context(model: PreTrainedModel, cache: Any) -> float:
-    """Mean over (layer, KV head) of the cached context tokens not masked by a head-wise press; the masks
-    are cleared afterwards (kvpress would apply them to the next decode of this model)."""
+    """Mean over (layer, KV head) of the cached context tokens not masked by a head-wise press, over the
+    layers that attend every token (a sliding-window layer attends its window under every setting, as in
+    headprobe's own rows); the masks are cleared afterwards (kvpress would apply them to the next decode of
+    this model)."""
     masked: dict[int, int] = {}
     for index, layer in enumerate(model.model.layers):
         found = getattr(layer.self_attn, "masked_key_indices", None)
@@ -270,6 +301,8 @@ def _attended_context(model: PreTrainedModel, cache: Any) -> float:
         layer.self_attn.masked_key_indices = None
     total, heads = 0, 0
     for index, layer in enumerate(cache.layers):
+        if getattr(layer, "is_sliding", False):
+            continue
         n_heads, tokens = layer.keys.shape[1], layer.keys.shape[-2]
         total += n_heads * tokens - masked.get(index, 0)
         heads += n_heads

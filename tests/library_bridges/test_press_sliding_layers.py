@@ -1,0 +1,57 @@
+"""kvpress's presses on a model with sliding-window layers (Gemma 3's text model): the cache transformers
+builds for the model (each sliding layer keeps its window), and a press compresses only the layers that
+attend every token, as kvpress does for Gemma 3 and headprobe's settings do.
+
+Runs where kvpress is installed (its own environment, ``.ci/kvpress``)."""
+
+from __future__ import annotations
+
+import pytest
+
+kvpress = pytest.importorskip("kvpress")
+
+from headprobe.library_bridges import press_settings
+
+CONTEXT, QUESTION, CAPACITY = 70, 10, 30
+WINDOW = 16            # tiny_gemma3's sliding window: layers 0-2 slide, layer 3 attends every token
+
+
+@pytest.fixture
+def held(monkeypatch):
+    """The tokens each layer's cache held after a run (read where the bridge counts the attended tokens)."""
+    found: list[list[int]] = []
+    count = press_settings._attended_context
+
+    def record(model, cache):
+        found.append([layer.keys.shape[-2] for layer in cache.layers])
+        return count(model, cache)
+
+    monkeypatch.setattr(press_settings, "_attended_context", record)
+    return found
+
+
+def _prompt(tokenizer) -> list[int]:
+    ids = tokenizer("the vault code is kept in the north meadow by the quiet harbour " * 12,
+                    add_special_tokens=False)["input_ids"]
+    return ids[:CONTEXT + QUESTION]
+
+
+@pytest.mark.parametrize("press", ["none", "snapkv", "streaming", "adakv"])
+def test_a_press_compresses_gemma3s_global_layer_and_each_sliding_layer_keeps_its_window(tiny_gemma3, held,
+                                                                                        press):
+    ids = _prompt(tiny_gemma3.tokenizer)
+    assert len(ids) == CONTEXT + QUESTION
+    run = press_settings.run_press(tiny_gemma3, ids, CONTEXT, press, {}, None if press == "none" else CAPACITY,
+                                   max_new_tokens=4)
+    sliding, global_layer = held[-1][:3], held[-1][3]
+    assert sliding == [WINDOW - 1] * 3                  # the window, whatever the press
+    # the global layer: the context kvpress kept (the question and answer were taken out after answering);
+    # a head-wise press (AdaKV) masks keys in a whole cache instead of removing them
+    assert global_layer == (CONTEXT if press in ("none", "adakv") else CAPACITY - QUESTION)
+    # the tokens a KV head of the global layer attends: the prompt, or the capacity
+    assert run.attended_tokens == (len(ids) if press == "none" else CAPACITY)
+    # bytes: 128 a token a layer (one KV head of 16 floats, keys and values); the global layer held the
+    # question and the answer's tokens too (the last generated one is never cached)
+    answer = len(run.generated) - 1
+    assert run.cache_bytes == 128 * (3 * (WINDOW - 1) + global_layer + QUESTION + answer)
+    assert run.full_cache_bytes == 128 * 4 * (len(ids) + answer)
