@@ -218,24 +218,63 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
 
 
 def check_transformers_for(spec: ModelSpec, version: str | None = None) -> None:
-    """Refuse a model the installed transformers (or ``version``) reads wrong (:attr:`ModelSpec.min_transformers`).
+    """Refuse a model the installed transformers (or ``version``) reads wrong (:attr:`ModelSpec.min_transformers`),
+    unless (for the installed one) another environment's conversion can be read (:func:`borrowed_conversion`).
 
     Raises
     ------
     HeadprobeError
         Naming the model, the release found, what it gets wrong and the release to install.
     """
-    if spec.min_transformers is None:
+    if reads_right(spec, version) or (version is None and borrowed_conversion(spec) is not None):
         return
+    # the model stack loads with a model: this runs as one loads
+    import transformers
+
+    raise HeadprobeError(f"{param('model', spec.alias)}: transformers {version or transformers.__version__} "
+                         f"{spec.older_transformers_fault}; install transformers>={spec.min_transformers} "
+                         f"(pip install 'transformers>={spec.min_transformers}'), or load the model once in an "
+                         f"environment that has it and shares this cache ({cache_dir()}): its conversion is "
+                         "then read here")
+
+
+def reads_right(spec: ModelSpec, version: str | None = None) -> bool:
+    """Whether the installed transformers (or ``version``) reads ``spec`` right (:attr:`ModelSpec.min_transformers`)."""
+    if spec.min_transformers is None:
+        return True
     # the model stack loads with a model: this runs as one loads
     import transformers
     from packaging.version import Version
 
-    found = version or transformers.__version__
-    if Version(found) < Version(spec.min_transformers):
-        raise HeadprobeError(f"{param('model', spec.alias)}: transformers {found} {spec.older_transformers_fault}; "
-                             f"install transformers>={spec.min_transformers} "
-                             f"(pip install 'transformers>={spec.min_transformers}')")
+    return Version(version or transformers.__version__) >= Version(spec.min_transformers)
+
+
+def borrowed_conversion(spec: ModelSpec) -> Path | None:
+    """The conversion of ``spec``'s packaged GGUF that another environment sharing the cache made with a
+    transformers that reads it right, for a transformers here that does not (:func:`reads_right`).
+
+    Taken only when it converts the same package release with the same converter and was made by
+    ``spec.min_transformers`` or newer (the newest such one); its tokenizer is still checked against the
+    ids the GGUF's own tokenizer gave (:func:`tokenizer_mismatch`) as it loads. None when there is none.
+    """
+    # with the model stack, as reads_right's: it runs as a model loads
+    from packaging.version import InvalidVersion, Version
+
+    if spec.gguf_package is None or spec.min_transformers is None:
+        return None
+    package = f"{spec.gguf_package} {_version_of(spec.gguf_package)}"
+    found: list[tuple[Version, Path]] = []
+    for folder in sorted((cache_dir() / "models").glob(f"{spec.alias}-*")):
+        try:
+            source = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
+            made_by = Version(str(source["transformers"]))
+        except (OSError, ValueError, KeyError, TypeError, InvalidVersion):
+            continue
+        if (source.get("package") == package and source.get("converter") == CONVERTER_VERSION
+                and made_by >= Version(spec.min_transformers) and (folder / "config.json").is_file()
+                and any(folder.glob("*.safetensors"))):
+            found.append((made_by, folder))
+    return max(found)[1] if found else None
 
 
 def _weights_path(resolved: ResolvedModel, model: str, trust_remote_code: bool, weights: bool = True) -> str:
@@ -530,8 +569,23 @@ def conversion_folder(spec: ModelSpec, gguf: Path) -> Path:
     return cache_dir() / "models" / f"{spec.alias}-{fingerprint(conversion_inputs(spec, gguf), 12)}"
 
 
+#: Borrowed conversions already named on stderr (once a process).
+_ANNOUNCED: set[Path] = set()
+
+
 def _converted_gguf(spec: ModelSpec, again: bool = False) -> Path:
-    """Path of the safetensors conversion of a shipped GGUF, converting it on first use (or ``again``)."""
+    """Path of the safetensors conversion of a shipped GGUF, converting it on first use (or ``again``); under
+    a transformers that reads the GGUF wrong, the conversion another environment made
+    (:func:`borrowed_conversion`), never one of its own."""
+    if not reads_right(spec):
+        borrowed = borrowed_conversion(spec)
+        if borrowed is None:
+            check_transformers_for(spec)      # refuses
+        if borrowed not in _ANNOUNCED:
+            _ANNOUNCED.add(borrowed)
+            print(f"headprobe: reading {spec.hf_id} from the conversion in {borrowed}, made by a transformers "
+                  "that reads its GGUF right", file=sys.stderr)
+        return borrowed
     gguf = _gguf_path(spec)
     target = conversion_folder(spec, gguf)
     if not again and (target / "config.json").exists() and any(target.glob("*.safetensors")) \

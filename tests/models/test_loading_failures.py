@@ -105,10 +105,12 @@ def test_a_cached_model_is_read_from_the_cache_when_the_hub_fails(hub, monkeypat
     assert len([r for r in _Hub.requests if "config.json" in r]) == 1
 
 
-def test_a_transformers_that_reads_gemmas_tokenizer_wrong_is_refused_before_anything_loads(monkeypatch):
+def test_a_transformers_that_reads_gemmas_tokenizer_wrong_is_refused_before_anything_loads(monkeypatch, tmp_path):
     import transformers
 
     from headprobe.models.registry import MODELS
+
+    monkeypatch.setenv("HEADPROBE_CACHE", str(tmp_path))      # no conversion made by another environment
 
     gemma = MODELS["gemma3-270m"]
     loading.check_transformers_for(gemma, "5.18.0")
