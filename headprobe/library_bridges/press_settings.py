@@ -32,6 +32,7 @@ transformers' attention functions for the whole process.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -214,7 +215,26 @@ def _pipeline(lm: LoadedModel) -> Any:
 
         _PIPELINES.clear()
         _PIPELINES[key] = pipeline("kv-press-text-generation", model=lm.model, tokenizer=lm.tokenizer)
+        presses_log = logging.getLogger("kvpress.presses.base_press")
+        if not any(isinstance(f, _Once) for f in presses_log.filters):
+            presses_log.addFilter(_Once())
     return _PIPELINES[key]
+
+
+class _Once(logging.Filter):
+    """Lets each of kvpress's press warnings through once a process: kvpress warns at every press it applies
+    to a model outside its tested list (``Gemma3ForCausalLM``), a line for every prompt of a run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        if message in self.seen:
+            return False
+        self.seen.add(message)
+        return True
 
 
 def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str, options: Mapping[str, Any],

@@ -55,3 +55,12 @@ def test_a_press_compresses_gemma3s_global_layer_and_each_sliding_layer_keeps_it
     answer = len(run.generated) - 1
     assert run.cache_bytes == 128 * (3 * (WINDOW - 1) + global_layer + QUESTION + answer)
     assert run.full_cache_bytes == 128 * 4 * (len(ids) + answer)
+
+
+def test_kvpress_says_once_a_process_that_it_has_not_tested_the_model(tiny_gemma3, caplog):
+    # kvpress warns at every press applied to a model outside its list; a run would print it every prompt
+    ids = _prompt(tiny_gemma3.tokenizer)
+    with caplog.at_level("WARNING", logger="kvpress"):
+        for _ in range(3):
+            press_settings.run_press(tiny_gemma3, ids, CONTEXT, "snapkv", {}, CAPACITY, max_new_tokens=2)
+    assert len([r for r in caplog.records if "not tested" in r.getMessage()]) <= 1
