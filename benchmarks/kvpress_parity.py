@@ -3,9 +3,13 @@
 Usage (in an environment with kvpress, e.g. the one ``.ci/kvpress`` builds; headprobe runs there too)::
 
     OMP_NUM_THREADS=1 /path/to/kvpress-venv/bin/python benchmarks/kvpress_parity.py \\
-        [--prompts 20] [--ratios 0.5 0.75 0.9] [--out parity.json]
+        [--model smollm2-135m] [--prompts 20] [--ratios 0.5 0.75 0.9] [--out parity.json]
 
-Prompts: SmolLM2's tokens of a haystack headprobe does not ship (this Python's standard-library docstrings,
+With ``--model gemma3-270m`` (read in kvpress's environment from the main one's conversion) only the layers
+that attend every token are compared (:func:`~headprobe.library_bridges.press_parity.compressed_layers`:
+neither side compresses a sliding-window layer) and DuoAttention is left out (no export of Gemma's profile).
+
+Prompts: the model's tokens of a haystack headprobe does not ship (this Python's standard-library docstrings,
 ``benchmarks/stdlib_haystack.py``) with one of its needles inserted and its question after the text;
 lengths spread from 500 to 2,000 tokens. For every prompt, ratio and method the same prompt is prefilled
 by kvpress under its own press and by headprobe's compressed cache at the same number of kept tokens
@@ -67,6 +71,7 @@ def prompts(tokenizer, count: int) -> list:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="smollm2-135m")
     parser.add_argument("--prompts", type=int, default=20)
     parser.add_argument("--ratios", type=float, nargs="+", default=[0.5, 0.75, 0.9])
     parser.add_argument("--out", type=Path, default=None)
@@ -84,20 +89,29 @@ def main() -> None:
 
     import headprobe
     from headprobe.library_bridges.kvpress import DuoAttentionFolderPress
-    from headprobe.library_bridges.press_parity import agreement, full_keys, headprobe_kept, press_kept
+    from headprobe.library_bridges.press_parity import (
+        agreement,
+        compressed_layers,
+        full_keys,
+        headprobe_kept,
+        press_kept,
+    )
 
     torch.manual_seed(0)
-    lm = headprobe.load_model("smollm2-135m", device="cpu")
+    lm = headprobe.load_model(args.model, device="cpu")
+    layers = compressed_layers(lm.model)
+    with_duo = args.model == "smollm2-135m" and (args.methods is None or "DuoAttention" in args.methods)
     found: dict = defaultdict(list)
     began = time.time()
     scratch = Path(tempfile.mkdtemp(prefix="parity-"))
     duo = scratch / "duo"
-    cli(["export", str(headprobe.newest_profile(lm.identity, "retrieval_reasoning").path), "--to", "duoattention",
-         "-o", str(duo)])
+    if with_duo:
+        cli(["export", str(headprobe.newest_profile(lm.identity, "retrieval_reasoning").path), "--to",
+             "duoattention", "-o", str(duo)])
     for p, ids in enumerate(prompts(lm.tokenizer, args.prompts)):
         keys = full_keys(lm.model, ids)
         n = ids.shape[1]
-        if args.methods is None or "DuoAttention" in args.methods:
+        if with_duo:
             mapped = scratch / f"duo_{n}.json"
             cli(["explain", str(duo), "--model", "smollm2-135m", "--context", str(n), "--to", "budget", "-o",
                  str(mapped), "--force"])
@@ -116,11 +130,12 @@ def main() -> None:
                     budget = None     # kvpress's PyramidKVPress falls back to SnapKV when a layer gets < window
                 theirs = press_kept(lm.model, press, ids, keys)
                 ours = headprobe_kept(lm, ids, policy, options, budget=budget, capacity=None if budget else k)
-                found[(name, ratio)].append(agreement(ours, theirs))
+                found[(name, ratio)].append(agreement(ours, theirs, layers))
         print(f"prompt {p + 1}/{args.prompts} ({n} tokens) done at {time.time() - began:.0f} s", flush=True)
     rows = []
     print(f"\nkvpress {kvpress.__version__ if hasattr(kvpress, '__version__') else ''} transformers "
-          f"{transformers.__version__} torch {torch.__version__}; {args.prompts} prompts")
+          f"{transformers.__version__} torch {torch.__version__}; {args.model}, {args.prompts} prompts, "
+          f"layers {layers if len(layers) < lm.identity.num_layers else 'all'}")
     print(f"{'method':<15} {'ratio':>5} {'same tokens':>12} {'same count':>11} {'Jaccard':>8}  first difference")
     for (name, ratio), results in found.items():
         heads = sum(r.heads for r in results)

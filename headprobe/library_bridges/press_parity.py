@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from ..runtime.generate import generate_compressed
+from .press_settings import pass_over_sliding_layers
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -92,6 +93,7 @@ def press_kept(model: PreTrainedModel, press: Any, input_ids: torch.Tensor, keys
     from transformers import DynamicCache
 
     keys = full_keys(model, input_ids) if keys is None else keys
+    pass_over_sliding_layers(press)       # as a kvpress: setting runs it: sliding-window layers stay whole
     pressed = DynamicCache()
     with press(model):
         model(input_ids=input_ids, past_key_values=pressed, use_cache=True)
@@ -167,14 +169,17 @@ class Agreement:
         return self.same_sets / self.heads if self.heads else 1.0
 
 
-def agreement(a: Kept, b: Kept) -> Agreement:
-    """Head by head comparison of two :data:`Kept` of the same prompt and model."""
+def agreement(a: Kept, b: Kept, layers: list[int] | None = None) -> Agreement:
+    """Head by head comparison of two :data:`Kept` of the same prompt and model, over ``layers`` (default:
+    all; :func:`compressed_layers` leaves out sliding-window layers, which neither side compresses)."""
     if len(a) != len(b):
         raise ValueError(f"{len(a)} layers against {len(b)}")
     heads = same = counts = 0
     jac = 0.0
     first = None
     for layer, (ra, rb) in enumerate(zip(a, b, strict=True)):
+        if layers is not None and layer not in layers:
+            continue
         for head, (sa, sb) in enumerate(zip(ra, rb, strict=True)):
             x, y = set(sa), set(sb)
             heads += 1
@@ -184,3 +189,10 @@ def agreement(a: Kept, b: Kept) -> Agreement:
             if first is None and x != y:
                 first = (layer, head, tuple(sorted(x - y))[:5], tuple(sorted(y - x))[:5])
     return Agreement(heads, same, counts, jac / heads if heads else 1.0, first)
+
+
+def compressed_layers(model: PreTrainedModel) -> list[int]:
+    """The layers a cache setting compresses: every layer but the sliding-window ones (Gemma 3's), which keep
+    their window under headprobe's settings and kvpress's presses alike."""
+    types = getattr(model.config, "layer_types", None) or ["full_attention"] * model.config.num_hidden_layers
+    return [i for i, kind in enumerate(types) if kind != "sliding_attention"]

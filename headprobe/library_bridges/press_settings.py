@@ -22,7 +22,7 @@ a mean over layers and heads (masked keys left out; sliding-window layers left o
 A model with sliding-window layers (Gemma 3) gets the cache transformers builds for it (each sliding layer
 keeps its window), and a press compresses only the layers that attend every token: kvpress's own rule for
 Gemma 3, which kvpress applies to ``Gemma3ForConditionalGeneration`` only, applied to the text-only
-``Gemma3ForCausalLM`` as well (:func:`_pass_over_sliding_layers`). headprobe's settings compress the same
+``Gemma3ForCausalLM`` as well (:func:`pass_over_sliding_layers`). headprobe's settings compress the same
 layers.
 
 kvpress is imported only inside the functions that build or run a press: importing it patches
@@ -259,7 +259,7 @@ def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str
     ratio = context_ratio(capacity, context_len, question_len) if spec.ratio and capacity is not None else None
     press = make_press(name, options, ratio, written)
     if press is not None:
-        _pass_over_sliding_layers(press)
+        pass_over_sliding_layers(press)
     pipe = _pipeline(lm)
     generated: list[int] = []
     hook = lm.model.register_forward_hook(
@@ -289,7 +289,7 @@ def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str
                     attended_tokens=round(_attended_context(lm.model, cache) + question_len, 2))
 
 
-def _pass_over_sliding_layers(press: Any) -> None:
+def pass_over_sliding_layers(press: Any) -> None:
     """Let ``press`` compress only the layers that attend every token, as kvpress does for Gemma 3.
 
     kvpress skips Gemma 3's sliding-window layers, but only in ``Gemma3ForConditionalGeneration``; in the

@@ -64,3 +64,39 @@ def test_kvpress_says_once_a_process_that_it_has_not_tested_the_model(tiny_gemma
         for _ in range(3):
             press_settings.run_press(tiny_gemma3, ids, CONTEXT, "snapkv", {}, CAPACITY, max_new_tokens=2)
     assert len([r for r in caplog.records if "not tested" in r.getMessage()]) <= 1
+
+
+@pytest.mark.parametrize("name", ["snapkv", "streaming"])
+def test_on_gemma3_headprobe_keeps_kvpress_tokens_in_the_global_layer(tiny_gemma3, name):
+    # method parity on a model with sliding layers: the one layer both compress keeps the same tokens
+    import torch
+    from kvpress.utils import compute_n_kept
+
+    from headprobe.library_bridges.press_parity import (
+        agreement,
+        compressed_layers,
+        headprobe_kept,
+        press_kept,
+    )
+
+    # kvpress scores with 1/sqrt(head_dim), the model with query_pre_attn_scalar ** -0.5: Gemma 3 270M has both
+    # 256, so here too (the tiny model's default scalar is 256 for a head_dim of 16)
+    for layer in tiny_gemma3.model.model.layers:
+        layer.self_attn.scaling = layer.self_attn.head_dim ** -0.5
+    ids = torch.tensor([_prompt(tiny_gemma3.tokenizer) + _prompt(tiny_gemma3.tokenizer)[:40]])   # 120 tokens
+    kept = compute_n_kept(ids.shape[1], 0.5)
+    press, options = {
+        "snapkv": (kvpress.SnapKVPress(0.5, window_size=32, kernel_size=5),
+                   {"window": 32, "kernel_size": 5, "pooling": "avg"}),
+        "streaming": (kvpress.StreamingLLMPress(0.5, n_sink=4), {"sink": 4, "window": 0}),
+    }[name]
+    theirs = press_kept(tiny_gemma3.model, press, ids, None)
+    ours = headprobe_kept(tiny_gemma3, ids, name, options, capacity=kept)
+    assert compressed_layers(tiny_gemma3.model) == [3]
+    found = agreement(ours, theirs, compressed_layers(tiny_gemma3.model))
+    assert found.heads == 1 and found.share == 1.0, found.first_difference
+    assert len(ours[3][0]) == len(theirs[3][0]) == kept < ids.shape[1]
+    # the sliding layers, left out of the comparison: headprobe's keep their window, kvpress (this prefill's
+    # cache has no config) every token; neither compressed them
+    n = ids.shape[1]
+    assert ours[:3] == [[tuple(range(n - WINDOW + 1, n))]] * 3 and theirs[:3] == [[tuple(range(n))]] * 3
