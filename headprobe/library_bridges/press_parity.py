@@ -75,7 +75,9 @@ def full_keys(model: PreTrainedModel, input_ids: torch.Tensor) -> list[torch.Ten
 @torch.no_grad()
 def press_kept(model: PreTrainedModel, press: Any, input_ids: torch.Tensor, keys: list[torch.Tensor] | None = None) -> Kept:
     """The prompt positions each KV head keeps after kvpress prefills ``input_ids`` (``[1, tokens]``) under
-    ``press`` (any kvpress press), read from kvpress's own cache and masks.
+    ``press`` (any kvpress press), read from kvpress's own cache and masks. The press is run as a ``kvpress:``
+    setting runs it: its hook is wrapped in place to pass over sliding-window layers
+    (:func:`~headprobe.library_bridges.press_settings.pass_over_sliding_layers`, a no-op on other layers).
 
     Parameters
     ----------

@@ -195,8 +195,8 @@ def load_model(model: str = "smollm2-135m", device: str | None = None, dtype: st
     from transformers import AutoModelForCausalLM
 
     resolved = resolve_model(model)
-    if resolved.spec is not None:
-        check_transformers_for(resolved.spec)
+    if resolved.spec is not None and not resolved.spec.gguf_package:
+        check_transformers_for(resolved.spec)      # a packaged GGUF's check is its conversion's lookup
     if dtype not in DTYPES:
         raise HeadprobeError(f"{param('dtype', dtype)}: expected one of {', '.join(DTYPES)}")
     asked_for_cpu = device == "cpu"
@@ -228,14 +228,19 @@ def check_transformers_for(spec: ModelSpec, version: str | None = None) -> None:
     """
     if reads_right(spec, version) or (version is None and borrowed_conversion(spec) is not None):
         return
+    raise _old_transformers(spec, version)
+
+
+def _old_transformers(spec: ModelSpec, version: str | None = None) -> HeadprobeError:
+    """The refusal of :func:`check_transformers_for`: the model, the release found, its fault, what to do."""
     # the model stack loads with a model: this runs as one loads
     import transformers
 
-    raise HeadprobeError(f"{param('model', spec.alias)}: transformers {version or transformers.__version__} "
-                         f"{spec.older_transformers_fault}; install transformers>={spec.min_transformers} "
-                         f"(pip install 'transformers>={spec.min_transformers}'), or load the model once in an "
-                         f"environment that has it and shares this cache ({cache_dir()}): its conversion is "
-                         "then read here")
+    return HeadprobeError(f"{param('model', spec.alias)}: transformers {version or transformers.__version__} "
+                          f"{spec.older_transformers_fault}; install transformers>={spec.min_transformers} "
+                          f"(pip install 'transformers>={spec.min_transformers}'), or load the model once in an "
+                          f"environment that has it and shares this cache ({cache_dir()}): its conversion is "
+                          "then read here")
 
 
 def reads_right(spec: ModelSpec, version: str | None = None) -> bool:
@@ -264,7 +269,7 @@ def borrowed_conversion(spec: ModelSpec) -> Path | None:
         return None
     package = f"{spec.gguf_package} {_version_of(spec.gguf_package)}"
     found: list[tuple[Version, Path]] = []
-    for folder in sorted((cache_dir() / "models").glob(f"{spec.alias}-*")):
+    for folder in (cache_dir() / "models").glob(f"{spec.alias}-*"):
         try:
             source = json.loads((folder / SOURCE_FILE).read_text(encoding="utf-8"))
             made_by = Version(str(source["transformers"]))
@@ -580,7 +585,7 @@ def _converted_gguf(spec: ModelSpec, again: bool = False) -> Path:
     if not reads_right(spec):
         borrowed = borrowed_conversion(spec)
         if borrowed is None:
-            check_transformers_for(spec)      # refuses
+            raise _old_transformers(spec)
         if borrowed not in _ANNOUNCED:
             _ANNOUNCED.add(borrowed)
             print(f"headprobe: reading {spec.hf_id} from the conversion in {borrowed}, made by a transformers "
