@@ -106,3 +106,17 @@ def test_on_gemma3_headprobe_keeps_kvpress_tokens_in_the_global_layer(tiny_gemma
     # cache has no config) every token; neither compressed them
     n = ids.shape[1]
     assert ours[:3] == [[tuple(range(n - WINDOW + 1, n))]] * 3 and theirs[:3] == [[tuple(range(n))]] * 3
+
+
+def test_a_press_kvpress_cannot_run_on_the_model_is_refused_in_one_line(tiny_gemma3):
+    # kvpress 0.5.5's ExpectedAttentionPress asks Gemma 3's rotary embedding for an attribute it lacks
+    from headprobe.errors import HeadprobeError
+
+    ids = _prompt(tiny_gemma3.tokenizer)
+    with pytest.raises(HeadprobeError) as refused:
+        press_settings.run_press(tiny_gemma3, ids, CONTEXT, "expected_attention", {}, CAPACITY, max_new_tokens=2,
+                                 written="kvpress:expected_attention")
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "kvpress:expected_attention" in message and "Gemma3ForCausalLM" in message
+    assert "inv_freq" in message                      # kvpress's own reason
