@@ -170,7 +170,8 @@ def make_press(name: str, options: Mapping[str, Any], ratio: float | None, writt
 def check_press(name: str, options: Mapping[str, Any], written: str = "") -> None:
     """Build the press once (at a ratio of 0.5), so a missing kvpress or a bad option is refused before any
     model loads."""
-    spec = press_spec(name, written or f"{KVPRESS}:{name}")
+    written = written or f"{KVPRESS}:{name}"
+    spec = press_spec(name, written)
     make_press(name, options, 0.5 if spec.ratio else None, written)
 
 
@@ -252,7 +253,8 @@ def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str
     import torch  # here, not above: eval's setting parser imports this module and `headprobe --help` stays light
     from transformers import DynamicCache
 
-    spec = press_spec(name, written or f"{KVPRESS}:{name}")
+    written = written or f"{KVPRESS}:{name}"
+    spec = press_spec(name, written)
     question_len = len(input_ids) - context_len
     if context_len < 1 or question_len < 1:
         raise HeadprobeError(f"{param('spec', written)}: the prompt splits into {context_len} context and "
@@ -274,7 +276,7 @@ def run_press(lm: LoadedModel, input_ids: list[int], context_len: int, name: str
                              "questions_ids": [torch.tensor([input_ids[context_len:]])]},
                             max_new_tokens=max_new_tokens, press=press, cache=cache)[0]
     except (RuntimeError, AttributeError, AssertionError) as err:
-        raise _press_failed(lm, written or f"{KVPRESS}:{name}", err) from err
+        raise _press_failed(lm, written, err) from err
     finally:
         hook.remove()
     seconds = time.perf_counter() - start

@@ -62,7 +62,7 @@ def test_an_old_transformers_reads_the_borrowed_folder_and_never_converts(old_tr
     monkeypatch.setattr(loading, "_gguf_path", lambda spec: pytest.fail("converted here"))
     assert loading._converted_gguf(GEMMA) == borrowed
     assert loading._converted_gguf(GEMMA, again=True) == borrowed    # a tokenizer mismatch does not convert
-    assert capsys.readouterr().err.count(str(borrowed)) <= 1         # named once a process
+    assert capsys.readouterr().err.count(str(borrowed)) == 1         # named once a process
 
 
 def test_a_borrowed_tokenizer_that_still_tokenizes_wrong_is_refused(old_transformers, monkeypatch):
@@ -77,3 +77,24 @@ def test_a_borrowed_tokenizer_that_still_tokenizes_wrong_is_refused(old_transfor
 
     with pytest.raises(HeadprobeError, match="does not tokenize as the GGUF"):
         loading._checked_gguf_tokenizer(GEMMA, "gemma3-270m", folder, lambda f: Tokenizer())
+
+
+def test_a_load_looks_for_a_conversion_to_borrow_once(old_transformers, monkeypatch):
+    lookups, read = [], []
+    borrowed = loading.borrowed_conversion
+    monkeypatch.setattr(loading, "borrowed_conversion", lambda spec: lookups.append(spec) or borrowed(spec))
+    monkeypatch.setattr(loading, "_gguf_path", lambda spec: pytest.fail("converted here"))
+
+    def read_model(auto, resolved, model, path, *args):
+        read.append(path)
+        raise HeadprobeError("stop before the weights")
+
+    monkeypatch.setattr(loading, "_read_model", read_model)
+    with pytest.raises(HeadprobeError, match=r"transformers 5\.2\.0 reads this GGUF's tokenizer without its merges"):
+        loading.load_model("gemma3-270m", device="cpu")           # none to borrow: refused, nothing read
+    assert lookups == [GEMMA] and read == []
+    folder = _conversion(old_transformers, "gemma3-270m-y")
+    lookups.clear()
+    with pytest.raises(HeadprobeError, match="stop before the weights"):
+        loading.load_model("gemma3-270m", device="cpu")
+    assert lookups == [GEMMA] and read == [str(folder)]            # one lookup, and its folder is what is read
