@@ -351,7 +351,7 @@ def check_headkv_export(path: Path, profile: Path) -> str | None:
     import numpy as np
 
     import headprobe
-    from headprobe.tool_files import read_headkv_json
+    from headprobe.tool_files.headkv_json import read_headkv_json
 
     p = headprobe.Profile.load(profile)
     try:

@@ -7,7 +7,7 @@ Usage::
 
 One recorded prefill of a ~``--tokens`` haystack prompt (``record_prefill``); then, for each N, the N
 settings (SnapKV at N capacities spread between 64 and the prompt, append-only, so they share one batch)
-are decoded ``--new`` tokens each by :func:`headprobe.runtime.generate_settings` with ``batched=False``
+are decoded ``--new`` tokens each by :func:`headprobe.runtime.settings_batch.generate_settings` with ``batched=False``
 (each setting's own ``generate``, as before) and ``batched=True`` (the settings as the rows of one stacked
 cache), alternately A B A B. Tokens per second count the tokens the settings generated after the first
 (which comes from the prefill), up to their end of sequence; a batch runs until its last row ends. Prints
@@ -26,7 +26,8 @@ import time
 import torch
 
 import headprobe
-from headprobe.runtime import CacheSetting, generate_settings, record_prefill
+from headprobe.runtime.settings_batch import CacheSetting, generate_settings
+from headprobe.runtime.shared_prefill import record_prefill
 
 
 def haystack_ids(lm, tokens: int) -> torch.Tensor:

@@ -25,7 +25,7 @@ from collections import defaultdict
 import numpy as np
 from tune_tables import trials_by_setting  # benchmarks/ is the script's folder
 
-from headprobe.eval import EvalResult
+from headprobe.eval.result import EvalResult
 from headprobe.tune.halving import HalvingRule, bootstrap_means, interval
 
 FOUND = 0.5

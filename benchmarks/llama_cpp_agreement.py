@@ -22,7 +22,7 @@ import json
 from pathlib import Path
 
 import headprobe as hp
-from headprobe.eval import EvalResult
+from headprobe.eval.result import EvalResult
 from headprobe.eval.ruler_data import load_ruler_dir
 from headprobe.eval.ruler_task import RulerTask, ruler_score
 from headprobe.models.loading import _gguf_path

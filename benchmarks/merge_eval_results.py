@@ -17,8 +17,8 @@ import argparse
 from pathlib import Path
 
 from headprobe import HeadprobeError
-from headprobe.eval import EvalResult
 from headprobe.eval.cell_log import cell_record
+from headprobe.eval.result import EvalResult
 from headprobe.eval.settings import EvalSetting
 from headprobe.frontend import check_overwrite
 

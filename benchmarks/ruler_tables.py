@@ -28,7 +28,7 @@ import sys
 
 import numpy as np
 
-from headprobe.eval import EvalResult
+from headprobe.eval.result import EvalResult
 from headprobe.tune.halving import HalvingRule, bootstrap_means, interval
 
 

@@ -21,8 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
-from headprobe.eval import EvalResult
 from headprobe.eval.presets import PUBLISHED
+from headprobe.eval.result import EvalResult
 from headprobe.tune.halving import HalvingRule, bootstrap_means, interval
 from headprobe.tune.report import load_tune_report
 

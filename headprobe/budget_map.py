@@ -54,7 +54,7 @@ class BudgetMap:
 
     def check_fits(self, identity: ModelIdentity, what: str = "budget map") -> None:
         """Refuse the map on a model it was not made for (:meth:`ModelIdentity.check_fits`), once: a map
-        allocated for an identity equal to ``identity`` (:func:`~headprobe.allocation.allocate` in this
+        allocated for an identity equal to ``identity`` (:func:`~headprobe.allocation.api.allocate` in this
         process, e.g. for the model's shape before it loaded) fits it, and a map checked against ``identity``
         already is not checked again.
 

@@ -18,7 +18,7 @@ from headprobe.limits import MAX_TOKENS
 from headprobe.models import registry
 from headprobe.models.loading import load_model, resolve_model
 from headprobe.profile import Profile
-from headprobe.runtime import generate_compressed, make_policy
+from headprobe.runtime.generate import generate_compressed, make_policy
 
 R2 = headprobe.paths.shipped_profiles_dir() / "smollm2-135m.retrieval_reasoning.json"
 PROMPT = "The river ran past the old mill."

@@ -227,7 +227,9 @@ def test_every_output_respects_the_umask(umask, tmp_path, tiny_llama):
         log.append({"trial": "t2"})
     with TrialLog(tmp_path / "t.trials.jsonl", {"a": 1}, resume=True) as log:  # continued
         log.append({"trial": "t3"})
-    from headprobe.eval import EvalRequest, expand_settings, items_from_needles, run_eval
+    from headprobe.eval.items import items_from_needles
+    from headprobe.eval.runner import EvalRequest, run_eval
+    from headprobe.eval.settings import expand_settings
 
     needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"), ["r01"])
     request = EvalRequest(expand_settings(["full"], [16]), items_from_needles(needles), [300], [0.5],

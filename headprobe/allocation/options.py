@@ -68,7 +68,7 @@ class OptionInfo:
     Attributes
     ----------
     name
-        The field name (the keyword of :func:`~headprobe.allocation.allocate`, the key in a setting).
+        The field name (the keyword of :func:`~headprobe.allocation.api.allocate`, the key in a setting).
     default
         The field's default.
     types

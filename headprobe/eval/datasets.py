@@ -17,7 +17,7 @@ from ..haystack.prompt_format import prompt_format_of
 from ..haystack.qa_data import ContextFields, open_dataset, read_rows  # noqa: F401 (open_dataset: its earlier home)
 from ..library_bridges.press_settings import KVPRESS
 from ..limits import check_count
-from ..runtime import record_prefill
+from ..runtime.shared_prefill import record_prefill
 from .answer_tasks import LongBenchQA, qa_prompt_ids  # noqa: F401 (qa_prompt_ids: its earlier home)
 from .cell_log import CellLog, cell_id, cell_record
 from .result import EvalResult

@@ -17,7 +17,7 @@ class EvalItem:
     id
         Unique within the run.
     needle
-        What :func:`headprobe.haystack.build_context` inserts (its ``answer`` marks the answer span).
+        What :func:`headprobe.haystack.context.build_context` inserts (its ``answer`` marks the answer span).
     question
         The question (``None``: the needle's own).
     gold

@@ -152,7 +152,7 @@ def describe_window(setting: Mapping[str, Any], windows: Sequence[int] = ()) -> 
         window changed) or ``"custom"``.
     """
     # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
-    from ..runtime import POLICIES
+    from ..runtime.policies import POLICIES
 
     name, policy, options = setting["name"], setting["policy"], setting.get("options") or {}
     if policy == "full":

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..allocation import allocate, load_profile, newest_profile
+from ..allocation.api import allocate, load_profile, newest_profile
 from ..allocation.options import spelled_as_setting_options
 from ..errors import HeadprobeError, param
 from ..haystack.context import TrialContext, build_context
@@ -26,7 +26,8 @@ from ..haystack.corpus import Haystack
 from ..haystack.prompt_format import prompt_format_of
 from ..library_bridges.press_settings import KVPRESS
 from ..limits import check_count
-from ..runtime import POLICIES, record_prefill
+from ..runtime.policies import POLICIES
+from ..runtime.shared_prefill import record_prefill
 from .answer_scores import score_answer
 from .cell_log import CellLog, cell_id, cell_record
 from .items import EvalItem
@@ -204,7 +205,7 @@ def run_trial(lm: LoadedModel, context: TrialContext, item: EvalItem, setting: E
 
     ``run`` is the answer when it was generated already (:func:`run_item`, which decodes an item's settings
     together); without it the answer is generated here (:func:`~headprobe.eval.setting_run.run_setting`).
-    With ``prefill`` (a :class:`~headprobe.runtime.RecordedPrefill` of this prompt) the prompt forward is
+    With ``prefill`` (a :class:`~headprobe.runtime.shared_prefill.RecordedPrefill` of this prompt) the prompt forward is
     not run again; the time reported still includes it, as if this setting had run alone. ``reference``
     is the full cache's answer, which ``fidelity`` items are scored against; the ``full`` setting's own
     answer is that reference when none is given.

@@ -15,7 +15,10 @@ import torch
 
 from ..errors import HeadprobeError
 from ..library_bridges.press_settings import KVPRESS, run_press
-from ..runtime import POLICIES, CacheSetting, generate_compressed, generate_from_prefill, generate_settings
+from ..runtime.generate import generate_compressed
+from ..runtime.policies import POLICIES
+from ..runtime.settings_batch import CacheSetting, generate_settings
+from ..runtime.shared_prefill import generate_from_prefill
 from .settings import EvalSetting
 
 if TYPE_CHECKING:
@@ -103,7 +106,7 @@ def run_settings(lm: LoadedModel, input_ids: list[int], runs: list[tuple[EvalSet
     runs
         ``(setting, resolved budget)`` pairs.
     prefill
-        A :class:`~headprobe.runtime.RecordedPrefill` of ``input_ids``, or ``None`` (every setting alone).
+        A :class:`~headprobe.runtime.shared_prefill.RecordedPrefill` of ``input_ids``, or ``None`` (every setting alone).
     stop_at_line
         End each answer at its first line break (the task scores only the first line).
 
@@ -154,7 +157,7 @@ def run_setting(lm: LoadedModel, input_ids: list[int], setting: EvalSetting, bud
     setting, budget
         The setting and its resolved budget (:func:`headprobe.eval.runner.resolve_budget`).
     prefill
-        A :class:`~headprobe.runtime.RecordedPrefill` of this prompt: the prompt forward is not run again,
+        A :class:`~headprobe.runtime.shared_prefill.RecordedPrefill` of this prompt: the prompt forward is not run again,
         and the time reported still includes it, as if this setting had run alone.
     question_span
         For a kvpress setting (``kvpress:PRESS``): ``(start, end)`` token positions of the prompt's question;

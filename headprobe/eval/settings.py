@@ -108,7 +108,8 @@ class EvalSetting:
     profiles
         Profile kinds or files the allocation reads.
     capacity
-        Mean tokens per KV head; ``None`` for the full cache.
+        Mean tokens per KV head; ``None`` for the full cache, and for a setting as :func:`parse_setting` reads
+        it, before its capacities.
     options
         Policy options.
     allocation_options
@@ -176,7 +177,7 @@ class EvalSetting:
         if "window" in self.options:
             return self.options["window"]
         # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
-        from ..runtime import POLICIES
+        from ..runtime.policies import POLICIES
 
         return POLICIES[self.policy].window
 
@@ -211,7 +212,7 @@ class EvalSetting:
         HeadprobeError
             An unknown policy, an option it does not have, or a value it cannot take.
         """
-        from ..runtime import POLICIES  # the runtime loads torch; parsing a setting does not
+        from ..runtime.policies import POLICIES  # the runtime loads torch; parsing a setting does not
 
         if self.policy == KVPRESS:
             check_press(self.profiles[0], self.options, self.name)
@@ -229,7 +230,7 @@ _BUILT_POLICIES: dict[tuple[Any, ...], Any] = {}
 
 
 def built_policy(policy: str, options: Mapping[str, Any]) -> Any:
-    """The policy ``policy`` with ``options`` (:func:`~headprobe.runtime.make_policy`), built once per policy
+    """The policy ``policy`` with ``options`` (:func:`~headprobe.runtime.generate.make_policy`), built once per policy
     class and options (each value's type included: ``5`` and ``5.0`` build two) and shared after that: a
     policy is a dataclass of its options that keeps nothing of a run (the cache holds the run's state).
 
@@ -238,7 +239,9 @@ def built_policy(policy: str, options: Mapping[str, Any]) -> Any:
     HeadprobeError
         An unknown policy, an option it does not have, or a value it cannot take.
     """
-    from ..runtime import POLICIES, make_policy  # the runtime loads torch; parsing a setting does not
+    # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
+    from ..runtime.generate import make_policy
+    from ..runtime.policies import POLICIES
 
     try:
         key = (POLICIES.get(policy), policy, *sorted((k, type(v), v) for k, v in options.items()))
@@ -248,29 +251,6 @@ def built_policy(policy: str, options: Mapping[str, Any]) -> Any:
     if key not in _BUILT_POLICIES:
         _BUILT_POLICIES[key] = make_policy(policy, **options)
     return _BUILT_POLICIES[key]
-
-
-@dataclass(frozen=True)
-class ParsedSetting:
-    """One setting as written, before capacities: what :func:`parse_setting` returns.
-
-    Attributes
-    ----------
-    name
-        The setting as written (a preset or ``POLICY[:ALLOCATION[:PROFILE,...]]`` and its brackets), with
-        the options given for every setting (``extra``) that change it appended to its brackets.
-    policy, allocation, profiles
-        As in :class:`EvalSetting`.
-    options, allocation_options
-        The policy's options (the preset's, then the given ones) and the allocation's.
-    """
-
-    name: str
-    policy: str
-    allocation: str | None
-    profiles: tuple[str, ...]
-    options: dict[str, Any]
-    allocation_options: dict[str, Any]
 
 
 def _split_brackets(spec: str) -> tuple[str, str | None]:
@@ -317,7 +297,7 @@ def _preset_or_parts(spec: str, policies: tuple[str, ...] | None
                      ) -> tuple[str, str | None, tuple[str, ...], dict[str, Any]]:
     """``(policy, allocation, profiles, preset options)`` of a setting without its brackets."""
     # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
-    from ..runtime import POLICIES
+    from ..runtime.policies import POLICIES
 
     if spec in EVAL_PRESETS:
         policy, alloc, profs, opts = EVAL_PRESETS[spec]
@@ -372,7 +352,7 @@ def _route(written: str, policy: str, allocation: str | None,
         A key neither declares or both declare, or allocation options the allocator refuses.
     """
     # the runtime (torch) loads here: settings parse, and `headprobe --help` runs, without it
-    from ..runtime import POLICIES
+    from ..runtime.policies import POLICIES
 
     policy_keys = POLICIES[policy].option_names()
     allocator = ALLOCATORS.get(allocation) if allocation is not None else None
@@ -413,8 +393,9 @@ def _named(written: str, extra: Mapping[str, Any]) -> str:
 
 
 def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
-                  extra: Mapping[str, Any] | None = None) -> ParsedSetting:
-    """Parse one setting spec (without ``@`` capacities).
+                  extra: Mapping[str, Any] | None = None) -> EvalSetting:
+    """Parse one setting spec (without ``@`` capacities): the setting without a capacity, its name the setting as
+    written with the options given for every setting (``extra``) that change it appended to its brackets.
 
     Parameters
     ----------
@@ -437,9 +418,9 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
     policy, alloc, profs, preset_options = _preset_or_parts(base, policies)
     bracket = _bracket_options(inner, alloc, written)
     if policy == "full":
-        return ParsedSetting(written, policy, None, (), {}, {})
+        return EvalSetting(written, policy)
     if policy == KVPRESS:           # kvpress's own options, checked by the press (EvalSetting.check_policy)
-        return ParsedSetting(written, policy, None, profs, bracket, {})
+        return EvalSetting(written, policy, None, profs, None, bracket)
     if alloc == MAP_ALLOCATION:        # the map's own policy options are the defaults its name implies
         bm = load_setting_map(profs[0], written)
         if "layer_split" in bm.method and policy != "layer_window":
@@ -450,7 +431,7 @@ def parse_setting(spec: str, policies: tuple[str, ...] | None = None,
             if k not in bracket and (k not in preset_options or preset_options[k] != v)}
     name = _named(written, more)
     to_policy, to_alloc = _route(name, policy, alloc, {**more, **bracket})
-    return ParsedSetting(name, policy, alloc, profs, {**preset_options, **to_policy}, to_alloc)
+    return EvalSetting(name, policy, alloc, profs, None, {**preset_options, **to_policy}, to_alloc)
 
 
 _ABSENT = object()
@@ -481,7 +462,7 @@ class SettingSpec:
     """
 
     written: str
-    parsed: ParsedSetting
+    parsed: EvalSetting
     pinned: tuple[int, ...] | None = None
 
     @property
@@ -625,8 +606,8 @@ def make_setting(base: str, capacity: int | None = None, options: Mapping[str, A
         to_policy, to_alloc = read, {}
     else:
         to_policy, to_alloc = _route(name, plain.policy, plain.allocation, read) if plain.policy != "full" else ({}, {})
-    parsed = ParsedSetting(name, plain.policy, plain.allocation, plain.profiles, {**plain.options, **to_policy},
-                           to_alloc)
+    parsed = EvalSetting(name, plain.policy, plain.allocation, plain.profiles, None, {**plain.options, **to_policy},
+                         to_alloc)
     [setting] = _expand_one(SettingSpec(label, parsed, None if capacity is None else (int(capacity),)), [])
     if setting.policy == "full":
         return setting

@@ -9,10 +9,3 @@
 - :mod:`.explanation`, :mod:`.report`, :mod:`.figure`: the result, as JSON, a terminal table and a figure;
 - :mod:`.api`: :func:`explain_budget`, the one entry point.
 """
-
-from __future__ import annotations
-
-from .api import explain_budget
-from .explanation import EXPLAIN_FORMAT, EXPLAIN_VERSION, Explanation
-
-__all__ = ("EXPLAIN_FORMAT", "EXPLAIN_VERSION", "Explanation", "explain_budget")

@@ -7,14 +7,14 @@ attends to while decoding. The presses here plug headprobe's results into that m
 
 - :class:`BudgetMapPress`: fixed per-(layer, KV head) budgets from a headprobe budget map (or a profile
   allocated on the fly), resolved for each prompt exactly as headprobe's runtime resolves them
-  (:class:`~headprobe.runtime.MapBudget`); a kvpress ``ScorerPress`` (default ``SnapKVPress``) ranks the
+  (:class:`~headprobe.runtime.budget_sources.MapBudget`); a kvpress ``ScorerPress`` (default ``SnapKVPress``) ranks the
   tokens inside each head, and the map's window and sink are always kept.
 - :class:`DuoAttentionFolderPress`: kvpress' ``DuoAttentionPress`` reading a local pattern folder (a
   headprobe export or any DuoAttention folder) instead of downloading one of six patterns, as
   ``[layers][kv_heads]`` even for models with one KV head, with the exported ``sparsity`` as default
   ``head_compression_ratio``.
 - :func:`per_layer_press`: kvpress' ``PerLayerCompressionPress`` with the removal ratios of
-  :func:`headprobe.tool_files.kvpress_layer_ratios`.
+  :func:`headprobe.tool_files.layer_list.kvpress_layer_ratios`.
 
 Importing this module imports kvpress, which patches transformers' attention functions (kvpress does so
 on import). Attention must not be ``"eager"`` (kvpress' masking needs the patched sdpa / flash paths).
@@ -36,7 +36,7 @@ try:
 except ImportError as exc:  # pragma: no cover - exercised only without the extra
     raise ImportError('headprobe.library_bridges.kvpress needs kvpress: pip install "headprobe[kvpress]"') from exc
 
-from ..allocation import allocate
+from ..allocation.api import allocate
 from ..budget_map import BudgetMap
 from ..errors import FileFormatError, HeadprobeError, param
 from ..models.identity import identity_from_config, text_config
@@ -64,7 +64,7 @@ class BudgetMapPress(BasePress):
     """Fixed per-(layer, KV head) budgets from a headprobe budget map, through kvpress' head-wise masking.
 
     For a context of ``N`` tokens each KV head keeps the budget headprobe's runtime would give it
-    (:class:`~headprobe.runtime.MapBudget`: the map's budgets, or its shares at ``capacity`` tokens per
+    (:class:`~headprobe.runtime.budget_sources.MapBudget`: the map's budgets, or its shares at ``capacity`` tokens per
     head on average, clamped to ``N`` with the excess redistributed). Inside a head the map's last
     ``window`` and first ``sink`` tokens are always kept, the rest of the budget goes to the tokens
     ``press`` scores highest; every other key is masked for decoding. Sliding-window layers (Gemma 3)
@@ -253,7 +253,7 @@ def per_layer_press(budget_map: BudgetMap | str | os.PathLike, prompt_len: int |
                     press: ScorerPress | None = None) -> PerLayerCompressionPress:
     """kvpress' ``PerLayerCompressionPress`` keeping each layer's per-head budget of ``budget_map``.
 
-    The ratios (:func:`headprobe.tool_files.kvpress_layer_ratios`) are exact for a context of ``prompt_len``
+    The ratios (:func:`headprobe.tool_files.layer_list.kvpress_layer_ratios`) are exact for a context of ``prompt_len``
     tokens (default: the map's ``prompt_len``): kvpress keeps ``per_head[l]`` tokens in every head of
     layer ``l``. kvpress runs this press with flash attention only.
     """

@@ -6,7 +6,7 @@ positions of every (layer, KV head) are read from each side's cache after prefil
 head.
 
 - headprobe: :func:`headprobe_kept` prefills through ``model.generate`` with a
-  :class:`~headprobe.runtime.CompressedCache` and reads the absolute positions its store holds.
+  :class:`~headprobe.runtime.cache.CompressedCache` and reads the absolute positions its store holds.
 - kvpress: :func:`press_kept` prefills under ``with press(model)`` into a ``DynamicCache`` and reads what
   kvpress left: a scorer press gathers the kept keys (each kept key row is found, bit for bit, among the
   keys of an uncompressed prefill of the same prompt), a head-wise press (``AdaKVPress``,

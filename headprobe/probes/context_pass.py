@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import numpy as np
 import torch
 
-from ..attention import RowRecorder
+from ..attention.recorder import RowRecorder
 from ..errors import FileFormatError, HeadprobeError, NoPassingTrialsError, param
 from ..haystack.context import common_prefix_length
 from ..haystack.contexts import ContextExample, ContextSet, DocumentPrompt, document_prompt, read_contexts

@@ -25,8 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..attention import RowRecorder, RowRequest
-from ..attention.recorder import RowCallback
+from ..attention.recorder import RowCallback, RowRecorder, RowRequest
 from ..haystack.context import TrialContext, build_context, common_prefix_length, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
-from ..attention import RowRecorder, RowRequest
+from ..attention.recorder import RowRecorder, RowRequest
 from ..errors import HeadprobeError, param
 from ..haystack.contexts import ContextExample, document_prompt
 from ..models.cache_argument import with_cache

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..attention import RowRecorder, RowRequest
+from ..attention.recorder import RowRecorder, RowRequest
 from ..haystack.context import TrialContext, build_context, response_tokens
 from ..haystack.corpus import Haystack
 from ..haystack.needles import Needle

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from ..attention import RowRecorder, RowRequest, pooled_window_scores
+from ..attention.recorder import RowRecorder, RowRequest
+from ..attention.rows import pooled_window_scores
 from ..haystack.context import render_instruction_prompt
 from ..haystack.tasks import TaskSample
 

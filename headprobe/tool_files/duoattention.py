@@ -340,7 +340,7 @@ def consumer_warnings(model: ModelIdentity) -> list[str]:
         out.append(f"{model.name} has one KV head: the TSV is one value a line, which np.loadtxt (DuoAttention's "
                    "load_attn_pattern, kvpress' DuoAttentionPress) reads as 1-D, so DuoAttention's patch fails and "
                    "DuoAttentionPress masks nothing; read it as [layers][1] (np.loadtxt(..., ndmin=2), "
-                   "headprobe.tool_files.read_tsv, headprobe.library_bridges.kvpress.DuoAttentionFolderPress)")
+                   "headprobe.tool_files.duoattention.read_tsv, headprobe.library_bridges.kvpress.DuoAttentionFolderPress)")
     return out
 
 

@@ -27,7 +27,7 @@ from ..eval.runner import resolve_budget
 from ..eval.settings import EvalSetting
 from ..files.jsonio import atomic_write_json, check_writable_dir, read_headprobe_file
 from ..files.overwrite import check_overwrite
-from ..runtime import POLICIES
+from ..runtime.policies import POLICIES
 from .halving import bootstrap_means, interval, mean_interval
 from .runner import TuneOutcome
 from .space import searched_policy_options

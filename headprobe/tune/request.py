@@ -35,9 +35,9 @@ class TuneTask:
     kind
         ``needle``, ``babi``, ``dataset`` or ``ruler``.
     items
-        :class:`~headprobe.eval.EvalItem` of a grid task (``None`` for a dataset).
+        :class:`~headprobe.eval.items.EvalItem` of a grid task (``None`` for a dataset).
     examples
-        :class:`~headprobe.eval.QAExample` of a dataset (``None`` for a grid).
+        :class:`~headprobe.eval.datasets.QAExample` of a dataset (``None`` for a grid).
     lengths, depths
         The grid (a dataset: ``[max_length]`` and ``[None]``).
     haystack
@@ -87,7 +87,7 @@ class TuneTask:
 
     @classmethod
     def dataset(cls, examples: Sequence[Any], name: str, max_length: int) -> TuneTask:
-        """Rows of a QA dataset (:func:`~headprobe.eval.load_qa_dataset`), each prompt cut to ``max_length``."""
+        """Rows of a QA dataset (:func:`~headprobe.eval.datasets.load_qa_dataset`), each prompt cut to ``max_length``."""
         return cls("dataset", [max_length], [None], {"dataset": name}, examples=list(examples))
 
     @classmethod
@@ -174,7 +174,7 @@ class TuneRequest:
         once (:func:`~headprobe.eval.settings.parse_settings`); settings as written are parsed as the request
         is made.
     max_new_tokens, chat_template, share_prefill, profile_dirs
-        As in :class:`~headprobe.eval.EvalRequest`.
+        As in :class:`~headprobe.eval.runner.EvalRequest`.
     memory
         The memory target the capacity came from (:func:`~headprobe.tune.memory.capacity_for`), if any.
     """

@@ -1,7 +1,7 @@
 """``run_tune``: eval run as a search, in two stages of successive-halving races, then a held-out eval.
 
-Every trial is an eval trial and every batch of trials an eval run (:func:`~headprobe.eval.run_eval`, or
-:func:`~headprobe.eval.run_dataset_eval` for a dataset), written as an eval result and cell log in the
+Every trial is an eval trial and every batch of trials an eval run (:func:`~headprobe.eval.runner.run_eval`, or
+:func:`~headprobe.eval.datasets.run_dataset_eval` for a dataset), written as an eval result and cell log in the
 tune's run folder (``<out stem>.runs/``): one shared prompt forward per item serves every candidate of
 every capacity whose policy prefills with plain attention, an interrupted run resumes cell by cell, and
 torchrun ranks split each run as they split an eval.

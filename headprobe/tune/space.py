@@ -3,7 +3,7 @@
 A candidate is a *selection* (a policy that takes a budget map, with the options that decide what a
 budget keeps) and an *allocation* (how the budget is split over layers and heads), at one capacity:
 
-- selections: every policy of :data:`~headprobe.runtime.POLICIES` that reads budgets, crossed with the
+- selections: every policy of :data:`~headprobe.runtime.policies.POLICIES` that reads budgets, crossed with the
   values of :data:`POLICY_SEARCH` for the options it declares (the observation window only for the
   policies that observe one, ``observes_window``);
 - allocations: every registered allocator (:data:`~headprobe.allocation.registry.ALLOCATORS`) whose
@@ -31,7 +31,8 @@ from ..errors import HeadprobeError, param
 from ..eval.presets import EVAL_PRESETS, QUESTION_WINDOW
 from ..eval.settings import EvalSetting, SettingSpec, expand_specs, make_setting, parse_spec
 from ..profile_kinds import HEAD_SCORE_KINDS
-from ..runtime import POLICIES, make_policy
+from ..runtime.generate import make_policy
+from ..runtime.policies import POLICIES
 
 #: The policy options ``headprobe tune`` searches, and the values it tries (each where the policy declares
 #: it): the observation window (HeadKV's 8, SnapKV's 32, the question of each prompt), the pooling kernel

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 from conftest import SMOLLM2_IDENTITY
 
-from headprobe.allocation import ALLOCATORS, DEFAULT_TAPER, allocate
+from headprobe.allocation.api import allocate
 from headprobe.allocation.options import AllocatorOptions, CapacityOptions
-from headprobe.allocation.registry import option_infos
+from headprobe.allocation.pyramid import DEFAULT_TAPER
+from headprobe.allocation.registry import ALLOCATORS, option_infos
 from headprobe.errors import HeadprobeError, flag_spelling
 from headprobe.profile import LayerRetention, Profile, reduce_groups
 

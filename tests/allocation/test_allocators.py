@@ -11,16 +11,10 @@ from conftest import SMOLLM2_IDENTITY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headprobe.allocation import (
-    ALLOCATORS,
-    allocate,
-    find_profiles,
-    headkv_budgets,
-    headkv_floor,
-    newest_profile,
-    profiles_for_method,
-    pyramid_layer_weights,
-)
+from headprobe.allocation.api import allocate, find_profiles, newest_profile, profiles_for_method
+from headprobe.allocation.headkv import headkv_budgets, headkv_floor
+from headprobe.allocation.pyramid import pyramid_layer_weights
+from headprobe.allocation.registry import ALLOCATORS
 from headprobe.budget_arithmetic import clamp_and_redistribute, largest_remainder, scale_to_prompt
 from headprobe.errors import HeadprobeError, ModelMismatchError, flag_spelling
 from headprobe.models.identity import ModelIdentity

@@ -10,8 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from headprobe.attention import RowRecorder, RowRequest
 from headprobe.attention.prefix_split import prefix_split_attention
+from headprobe.attention.recorder import RowRecorder, RowRequest
 from headprobe.models.cache_argument import with_cache
 
 

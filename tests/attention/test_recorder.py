@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from headprobe.attention import RowRecorder, RowRequest
+from headprobe.attention.recorder import RowRecorder, RowRequest
 from headprobe.models.cache_argument import with_cache
 
 

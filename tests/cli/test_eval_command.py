@@ -8,7 +8,9 @@ from conftest import QA_ROWS
 from headprobe_cli.main import main
 
 from headprobe import HeadprobeError
-from headprobe.eval import EvalResult, expand_settings, load_qa_dataset, run_dataset_eval
+from headprobe.eval.datasets import load_qa_dataset, run_dataset_eval
+from headprobe.eval.result import EvalResult
+from headprobe.eval.settings import expand_settings
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from headprobe_cli.main import main
 
-from headprobe.runtime import POLICIES
+from headprobe.runtime.policies import POLICIES
 
 #: snapkv's options as its dataclass declares them (the message lists them in that order).
 SNAPKV_OPTIONS = ", ".join(f.name for f in dataclasses.fields(POLICIES["snapkv"]))

@@ -18,7 +18,7 @@ from conftest import SMOLLM2_IDENTITY, headprobe_command
 from headprobe_cli.main import main
 
 import headprobe
-from headprobe.eval import EvalResult
+from headprobe.eval.result import EvalResult
 from headprobe.files.trial_log import read_log
 from headprobe.models import loading
 from headprobe.profile import Profile, reduce_groups

@@ -13,7 +13,7 @@ from headprobe_cli import cmd_eval
 from headprobe_cli.main import main
 from ruler_rows import write_ruler_dir
 
-from headprobe.eval import EvalResult
+from headprobe.eval.result import EvalResult
 from headprobe.eval.ruler_data import load_ruler_dir
 
 torch.set_num_threads(1)

@@ -184,3 +184,26 @@ def test_the_help_of_a_command_that_lists_no_library_values_loads_no_numpy(comma
         quiet + "with contextlib.redirect_stdout(io.StringIO()), contextlib.suppress(SystemExit):\n"
                 f"    main([{command!r}, '--help'])")
     assert f"headprobe_cli.cmd_{command}" in loaded and "numpy" not in loaded
+
+
+#: The one package whose ``__init__`` holds something of its own: the policy registry.
+REGISTRY_PACKAGES = {"headprobe/runtime/policies/__init__.py"}
+
+
+def test_the_public_api_is_listed_once():
+    # a subpackage re-exporting names would be a second list of the API, out of step with headprobe._API
+    # sooner or later; a package's __init__ says what the package holds and defines nothing
+    import ast
+
+    inits = sorted(p for p in (ROOT / "headprobe").rglob("__init__.py") if p != ROOT / "headprobe" / "__init__.py")
+    assert inits
+    copies = []
+    for path in inits:
+        body = ast.parse(path.read_text()).body
+        if str(path.relative_to(ROOT)) in REGISTRY_PACKAGES:
+            continue
+        if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant):
+            body = body[1:]
+        if body:
+            copies.append(str(path.relative_to(ROOT)))
+    assert copies == []

@@ -11,7 +11,8 @@ import pytest
 from torchrun_launch import run_torchrun
 
 import headprobe
-from headprobe.distributed import Ranks, merge_pass, ranks_from_env
+from headprobe.distributed.profile_ranks import merge_pass
+from headprobe.distributed.ranks import Ranks, ranks_from_env
 from headprobe.errors import HeadprobeError, flag_spelling
 
 ROOT = Path(__file__).resolve().parents[2]

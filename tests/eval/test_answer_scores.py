@@ -43,7 +43,7 @@ def test_unknown_scorer_is_one_line_error():
 
 
 def test_rouge_l_f1_by_hand():
-    from headprobe.eval import rouge_l_f1
+    from headprobe.eval.answer_scores import rouge_l_f1
 
     assert rouge_l_f1("The cat sat on the mat.", "the cat sat on the mat") == 1.0
     # words a b c d vs a c e: LCS "a c" = 2; precision 2/4, recall 2/3 -> F1 = 4/7

@@ -4,8 +4,8 @@ exit, after an error too, and blocks of the two nest."""
 import pytest
 import torch
 
-from headprobe.attention import RowRecorder
-from headprobe.eval import HeadAblation
+from headprobe.attention.recorder import RowRecorder
+from headprobe.eval.ablation import HeadAblation
 
 torch.set_num_threads(1)
 

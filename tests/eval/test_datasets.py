@@ -7,15 +7,10 @@ import torch
 from conftest import QA_ROWS
 
 import headprobe
-from headprobe.eval import (
-    EvalRequest,
-    expand_settings,
-    items_from_needles,
-    load_qa_dataset,
-    run_dataset_eval,
-    run_eval,
-)
-from headprobe.eval.datasets import qa_prompt_ids
+from headprobe.eval.datasets import load_qa_dataset, qa_prompt_ids, run_dataset_eval
+from headprobe.eval.items import items_from_needles
+from headprobe.eval.runner import EvalRequest, run_eval
+from headprobe.eval.settings import expand_settings
 from headprobe.haystack.context import build_context
 
 torch.set_num_threads(1)

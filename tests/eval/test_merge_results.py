@@ -8,7 +8,10 @@ import torch
 
 import headprobe
 from headprobe import HeadprobeError
-from headprobe.eval import EvalRequest, EvalResult, expand_settings, items_from_needles, run_eval
+from headprobe.eval.items import items_from_needles
+from headprobe.eval.result import EvalResult
+from headprobe.eval.runner import EvalRequest, run_eval
+from headprobe.eval.settings import expand_settings
 
 torch.set_num_threads(1)
 

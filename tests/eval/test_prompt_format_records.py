@@ -11,8 +11,11 @@ from conftest import QA_ROWS, make_tiny_llama, write_random_profile
 
 import headprobe
 from headprobe import HeadprobeError
-from headprobe.eval import EvalRequest, EvalResult, expand_settings, run_dataset_eval, run_eval
 from headprobe.eval.cell_log import cell_log_path
+from headprobe.eval.datasets import run_dataset_eval
+from headprobe.eval.result import EvalResult
+from headprobe.eval.runner import EvalRequest, run_eval
+from headprobe.eval.settings import expand_settings
 from headprobe.files.trial_log import read_log
 from headprobe.probes.aggregate import profiles_from_log
 from headprobe.probes.run import ProfileRequest, merge_profile_logs, run_profile

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 import headprobe
-from headprobe.eval import expand_settings
+from headprobe.eval.settings import expand_settings
 from headprobe.haystack.context import build_context, question_prompt, response_prefix
 
 pytestmark = pytest.mark.slow

@@ -7,16 +7,12 @@ import torch
 
 import headprobe
 from headprobe import HeadprobeError
-from headprobe.eval import (
-    EvalRequest,
-    EvalResult,
-    cell_log_path,
-    expand_settings,
-    items_from_needles,
-    run_eval,
-)
-from headprobe.eval.settings import parse_setting
-from headprobe.plots import needle_grid
+from headprobe.eval.cell_log import cell_log_path
+from headprobe.eval.items import items_from_needles
+from headprobe.eval.result import EvalResult
+from headprobe.eval.runner import EvalRequest, run_eval
+from headprobe.eval.settings import expand_settings, parse_setting
+from headprobe.plots.eval_figures import needle_grid
 
 torch.set_num_threads(1)
 
@@ -84,7 +80,7 @@ def test_shared_prefill_gives_the_same_cells_as_separate_runs(tiny_llama, tmp_pa
 
 def test_long_generation_is_scored_against_the_full_cache(tiny_llama, tmp_path, monkeypatch):
     import headprobe.eval.runner as grid
-    from headprobe.eval import items_from_longgen
+    from headprobe.eval.items import items_from_longgen
 
     needles = headprobe.load_needles(headprobe.shipped_needle_file("retrieval"))[:1]
     req = EvalRequest(expand_settings(["keepkv", "full", "morphkv"], [40]), items_from_longgen(needles), [300],

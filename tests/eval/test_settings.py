@@ -13,14 +13,15 @@ from conftest import SMOLLM2_IDENTITY
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from headprobe.allocation import ALLOCATORS, AllocatorOptions, allocate
 from headprobe.allocation.allocator import Allocator
-from headprobe.allocation.options import option
+from headprobe.allocation.api import allocate
+from headprobe.allocation.options import AllocatorOptions, option
+from headprobe.allocation.registry import ALLOCATORS
 from headprobe.errors import HeadprobeError, flag_spelling
 from headprobe.eval.runner import resolve_budget
 from headprobe.eval.settings import EvalSetting, expand_settings, make_setting, parse_setting
 from headprobe.profile import Profile, reduce_groups
-from headprobe.runtime import POLICIES
+from headprobe.runtime.policies import POLICIES
 
 #: snapkv's options as its dataclass declares them (refusals list them in that order).
 SNAPKV_OPTIONS = ", ".join(f.name for f in dataclasses.fields(POLICIES["snapkv"]))

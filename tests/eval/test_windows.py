@@ -11,12 +11,14 @@ import headprobe
 from headprobe import HeadprobeError
 from headprobe.allocation.headkv import headkv_floor
 from headprobe.allocation.registry import ALLOCATORS, DEFAULT_BETA
-from headprobe.eval import EvalRequest, expand_settings, items_from_needles, run_eval, run_setting
+from headprobe.eval.items import items_from_needles
 from headprobe.eval.presets import EVAL_PRESETS, PUBLISHED
-from headprobe.eval.runner import resolve_budget
-from headprobe.eval.settings import QUESTION_WINDOW, EvalSetting
+from headprobe.eval.runner import EvalRequest, resolve_budget, run_eval
+from headprobe.eval.setting_run import run_setting
+from headprobe.eval.settings import QUESTION_WINDOW, EvalSetting, expand_settings
 from headprobe.haystack.context import build_context
-from headprobe.runtime import POLICIES, generate_compressed
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.policies import POLICIES
 
 torch.set_num_threads(1)
 
@@ -66,7 +68,7 @@ def test_snapkv_runs_at_snapkvs_window_and_headkv_at_headkvs():
 
 
 def test_a_capacity_below_the_window_is_refused_before_any_trial(tiny_llama, tmp_path):
-    from headprobe.eval import cell_log_path
+    from headprobe.eval.cell_log import cell_log_path
 
     with pytest.raises(HeadprobeError, match=r"snapkv@16: a capacity of 16 tokens per head is smaller than the "
                                              r"snapkv window \(32 tokens\)"):
@@ -147,15 +149,14 @@ def test_question_window_keeps_every_question_token(tiny_llama):
 
 
 def test_a_question_longer_than_the_capacity_is_refused_before_any_trial(tiny_llama, tmp_path):
-    from headprobe.eval import cell_log_path
+    from headprobe.eval.cell_log import cell_log_path
 
     with pytest.raises(HeadprobeError, match=r"snapkv\[window=question\]@8: a question window of \d+ tokens does "
                                              r"not fit a capacity of 8 tokens per head \(item r01\)"):
         run_eval(tiny_llama, _request(["full", "snapkv[window=question]"], capacities=(8,)), tmp_path / "x.json")
     assert not cell_log_path(tmp_path / "x.json").exists()
     with pytest.raises(HeadprobeError, match="window=question needs a prompt"):
-        from headprobe.eval import run_dataset_eval
-        from headprobe.eval.datasets import QAExample
+        from headprobe.eval.datasets import QAExample, run_dataset_eval
 
         run_dataset_eval(tiny_llama, [QAExample("a", "text", "q?", ("x",))],
                          expand_settings(["snapkv[window=question]"], [64]), tmp_path / "d.json")

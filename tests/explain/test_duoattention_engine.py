@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.explain import explain_budget
+from headprobe.explain.api import explain_budget
 from headprobe.explain.engines.duoattention import (
     duo_allocation,
     duo_split,
@@ -26,7 +26,7 @@ from headprobe.explain.setting import Setting
 from headprobe.explain.sources import read_input
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
-from headprobe.tool_files import write_duoattention
+from headprobe.tool_files.duoattention import write_duoattention
 
 REF = next((p / "shared" / "reference" for p in Path(__file__).resolve().parents
             if (p / "shared" / "reference").is_dir()), None)

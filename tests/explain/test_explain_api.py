@@ -12,7 +12,8 @@ import pytest
 
 import headprobe
 from headprobe.errors import HeadprobeError
-from headprobe.explain import EXPLAIN_FORMAT, explain_budget
+from headprobe.explain.api import explain_budget
+from headprobe.explain.explanation import EXPLAIN_FORMAT
 from headprobe.explain.model_shape import model_shape
 from headprobe.paths import shipped_profiles_dir
 
@@ -94,7 +95,7 @@ def test_the_command_shown_runs_the_map_with_its_options():
     ex = explain_budget(press="adakv", ratio=0.5, context=1000)
     assert ex.generate_command("m.json") == ("headprobe generate --budget m.json --policy snapkv --option adaptive=true "
                                              "--option floor_share=0.2 --option floor_of=budget --option window=8")
-    from headprobe.runtime import make_policy, parse_policy_options
+    from headprobe.runtime.generate import make_policy, parse_policy_options
 
     flags = ex.generate_command("m.json").split("--option ")[1:]
     assert make_policy("snapkv", **parse_policy_options([f.strip() for f in flags])).adaptive is True

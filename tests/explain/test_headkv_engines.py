@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.explain import explain_budget
+from headprobe.explain.api import explain_budget
 from headprobe.explain.convert import headkv_kv_budgets
 from headprobe.explain.engines.headkv import headkv_allocation, headkv_capacities, kept_at
 from headprobe.explain.engines.kvcache_factory import (
@@ -25,7 +25,7 @@ from headprobe.explain.engines.kvcache_factory import (
 from headprobe.explain.setting import Setting
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
-from headprobe.tool_files import read_headkv_json, write_headkv_json
+from headprobe.tool_files.headkv_json import read_headkv_json, write_headkv_json
 
 REF = next((p / "shared" / "reference" for p in Path(__file__).resolve().parents
             if (p / "shared" / "reference").is_dir()), None)

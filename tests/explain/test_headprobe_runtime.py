@@ -13,14 +13,14 @@ import pytest
 import torch
 from conftest import make_tiny_gemma3, make_tiny_llama
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.errors import HeadprobeError
 from headprobe.explain.convert import from_duoattention
 from headprobe.explain.engines.headprobe_runtime import runtime_allocation
 from headprobe.explain.setting import Setting
 from headprobe.explain.sources import DuoPattern, ExplainInput
 from headprobe.profile import Profile, reduce_groups
-from headprobe.runtime import generate_compressed
+from headprobe.runtime.generate import generate_compressed
 
 PROMPT = 61
 

@@ -15,9 +15,9 @@ import pytest
 import torch
 from conftest import SMOLLM2_IDENTITY
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.errors import HeadprobeError
-from headprobe.explain import explain_budget
+from headprobe.explain.api import explain_budget
 from headprobe.explain.engines.kvpress import duo_attention_press, press_allocation
 from headprobe.explain.engines.kvpress_presses import (
     PRESSES,
@@ -31,7 +31,7 @@ from headprobe.explain.setting import Setting
 from headprobe.explain.sources import DuoPattern, PressSetting
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
-from headprobe.tool_files import write_duoattention
+from headprobe.tool_files.duoattention import write_duoattention
 
 REF = next((p / "shared" / "reference" for p in Path(__file__).resolve().parents
             if (p / "shared" / "reference").is_dir()), None)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from headprobe.allocation.layer_split_choice import split_budget_map
-from headprobe.explain import explain_budget
+from headprobe.explain.api import explain_budget
 from headprobe.explain.engines.serving_windows import (
     llama_cpp_allocation,
     serving_rows,

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 import headprobe
-from headprobe.eval import EvalRequest, expand_settings, run_eval
+from headprobe.eval.runner import EvalRequest, run_eval
+from headprobe.eval.settings import expand_settings
 from headprobe.haystack.corpus import Haystack
 from headprobe.haystack.needles import Needle
 

@@ -12,7 +12,7 @@ import pytest
 
 from headprobe import HeadprobeError
 from headprobe.errors import FileFormatError
-from headprobe.eval import load_qa_dataset
+from headprobe.eval.datasets import load_qa_dataset
 from headprobe.haystack import qa_data
 from headprobe.haystack.contexts import ContextFields, read_contexts
 

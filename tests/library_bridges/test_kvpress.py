@@ -18,7 +18,7 @@ kvpress = pytest.importorskip("kvpress")
 
 from transformers import DynamicCache, pipeline
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.budget_arithmetic import clamp_and_redistribute
 from headprobe.budget_map import BudgetMap
 from headprobe.errors import HeadprobeError, ModelMismatchError
@@ -30,7 +30,8 @@ from headprobe.library_bridges.kvpress import (
 from headprobe.models.cache_argument import with_cache
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
-from headprobe.tool_files import kvpress_layer_ratios, write_duoattention
+from headprobe.tool_files.duoattention import write_duoattention
+from headprobe.tool_files.layer_list import kvpress_layer_ratios
 
 NEEDLE = "The secret passcode for the vault is 4817-TULIP."
 QUESTION = "What is the secret passcode for the vault?"

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from conftest import SMOLLM2_IDENTITY
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.errors import HeadprobeError
-from headprobe.plots import (
+from headprobe.plots.profile_figures import (
     budget_heatmap,
     compare_heatmaps,
     head_heatmap,
@@ -118,7 +118,7 @@ def test_budget_heatmap_with_layer_totals(tmp_path):
 
 @pytest.mark.skipif(not REF.is_dir(), reason="../shared/reference not present")
 def test_plots_of_imported_reference_files(tmp_path):
-    from headprobe.tool_files import import_file
+    from headprobe.tool_files.auto import import_file
     r = import_file(REF / "headkv" / "Meta-Llama-3-8B-Instruct_retrieval_heads.json")
     r2 = import_file(REF / "headkv" / "Meta-Llama-3-8B-Instruct_retrieval_reasoning_heads.json")
     fig = head_heatmap(r2)
@@ -163,7 +163,7 @@ def test_scores_near_the_float_range_draw_scaled_with_the_scale_named(tmp_path):
 def test_ruler_figure_draws_each_tasks_score_against_the_bytes_held_with_the_full_cache_as_ceiling(tmp_path):
     from ruler_result import ruler_result
 
-    from headprobe.plots import ruler_vs_memory
+    from headprobe.plots.eval_figures import ruler_vs_memory
 
     fig = ruler_vs_memory(ruler_result())
     panels = [ax for ax in fig.axes if ax.get_visible() and ax.lines]

@@ -17,7 +17,7 @@ from headprobe_cli.main import main
 
 import headprobe
 from headprobe import HeadprobeError, Profile, ProfileRequest, run_profile
-from headprobe.attention import RowRecorder, RowRequest
+from headprobe.attention.recorder import RowRecorder, RowRequest
 from headprobe.haystack.context import render_prompt
 from headprobe.models import loading
 from headprobe.models.identity import ModelIdentity

@@ -9,14 +9,10 @@ from headprobe import HeadprobeError
 from headprobe.budget_arithmetic import split_with_caps
 from headprobe.budget_map import BudgetMap
 from headprobe.models.cache_argument import with_cache
-from headprobe.runtime import (
-    POLICIES,
-    CompressedCache,
-    UniformBudget,
-    generate_compressed,
-    headprobe_attention,
-    make_policy,
-)
+from headprobe.runtime.budget_sources import UniformBudget
+from headprobe.runtime.cache import CompressedCache, headprobe_attention
+from headprobe.runtime.generate import generate_compressed, make_policy
+from headprobe.runtime.policies import POLICIES
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

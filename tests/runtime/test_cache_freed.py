@@ -13,8 +13,10 @@ import weakref
 
 import pytest
 
-from headprobe.runtime import POLICIES, generate_compressed, record_prefill
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.policies import POLICIES
 from headprobe.runtime.settings_batch import CacheSetting, generate_settings
+from headprobe.runtime.shared_prefill import record_prefill
 
 PROMPT = "The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 6
 

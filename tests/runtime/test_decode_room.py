@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from headprobe.runtime import generate_compressed
 from headprobe.runtime.decode_room import FIRST_STEP, first_room, grown_capacity
+from headprobe.runtime.generate import generate_compressed
 
 torch.set_num_threads(1)
 

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from headprobe.budget_map import BudgetMap
-from headprobe.runtime import POLICIES, generate_compressed
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.policies import POLICIES
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("one_thread")]
 
@@ -74,8 +75,9 @@ def test_needle_at_4k_survives_capacity_128_with_snapkv_and_headkv_budget(smollm
 
 
 def MapBudgetRows(bm, lm, n):
-    from headprobe.runtime import CacheShape, MapBudget
+    from headprobe.runtime.budget_sources import MapBudget
     from headprobe.runtime.policies import SnapKV
+    from headprobe.runtime.shape import CacheShape
 
     shape = CacheShape.from_config(lm.model.config)
     return MapBudget(bm, identity=lm.identity).resolve(shape, torch.tensor([n]), SnapKV())[0].tolist()

@@ -9,7 +9,8 @@ from transformers.models.llama import modeling_llama
 from transformers.models.llama.modeling_llama import ALL_ATTENTION_FUNCTIONS, apply_rotary_pos_emb, repeat_kv
 
 from headprobe import HeadprobeError
-from headprobe.runtime import generate_compressed, generate_from_prefill, record_prefill
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.shared_prefill import generate_from_prefill, record_prefill
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

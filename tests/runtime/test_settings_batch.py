@@ -7,10 +7,10 @@ import pytest
 import torch
 
 from headprobe import BudgetMap, HeadprobeError
-from headprobe.runtime import generate_from_prefill, record_prefill
 from headprobe.runtime.answer_stop import AnswerStop, line_complete
 from headprobe.runtime.cache import CompressedCache
 from headprobe.runtime.settings_batch import CacheSetting, decode_batches, generate_settings
+from headprobe.runtime.shared_prefill import generate_from_prefill, record_prefill
 
 PROMPTS = ["The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 5,
            "The secret code is blue tulip seven. Numbers like 42 appear in reports. " * 3]

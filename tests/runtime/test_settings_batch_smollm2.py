@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from headprobe.runtime import CacheSetting, generate_from_prefill, generate_settings, record_prefill
+from headprobe.runtime.settings_batch import CacheSetting, generate_settings
+from headprobe.runtime.shared_prefill import generate_from_prefill, record_prefill
 
 from .test_generate_smollm2 import headkv_like_budget, needle_prompt
 from .test_settings_batch import assert_same

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from headprobe import HeadprobeError
-from headprobe.runtime import generate_compressed, generate_from_prefill, record_prefill
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.shared_prefill import generate_from_prefill, record_prefill
 
 PROMPTS = ["The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 5,
            "The secret code is blue tulip seven. Numbers like 42 appear in reports. " * 3]

@@ -29,12 +29,12 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.errors import HeadprobeError, flag_spelling
 from headprobe.models.identity import ModelIdentity
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile, reduce_groups
-from headprobe.tool_files import read_duoattention, read_tsv, write_duoattention
+from headprobe.tool_files.duoattention import read_duoattention, read_tsv, write_duoattention
 
 REF = Path(__file__).resolve().parents[3] / "shared" / "reference" / "duo-attention"
 SMOL_R2 = shipped_profiles_dir() / "smollm2-135m.retrieval_reasoning.json"

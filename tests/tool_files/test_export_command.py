@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from headprobe_cli.main import main
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
 

@@ -12,12 +12,13 @@ from conftest import SMOLLM2_IDENTITY
 from headprobe_cli.main import main
 
 from headprobe import HeadprobeError
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.budget_map import BudgetMap
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile, reduce_groups
-from headprobe.tool_files import read_headkv_json, write_duoattention, write_kvpress_ratios, write_layer_list
-from headprobe.tool_files.duoattention import read_tsv
+from headprobe.tool_files.duoattention import read_tsv, write_duoattention
+from headprobe.tool_files.headkv_json import read_headkv_json
+from headprobe.tool_files.layer_list import write_kvpress_ratios, write_layer_list
 
 pytestmark = pytest.mark.filterwarnings("ignore:the split runs through")
 

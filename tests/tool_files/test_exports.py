@@ -8,20 +8,18 @@ import numpy as np
 import pytest
 from conftest import SMOLLM2_IDENTITY
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.errors import FileFormatError, HeadprobeError
 from headprobe.profile import Profile, reduce_groups
-from headprobe.tool_files import (
+from headprobe.tool_files.duoattention import (
     binarise,
     choose_split,
     ranked_pattern,
     read_duoattention,
-    read_headkv_json,
-    read_layer_list,
     write_duoattention,
-    write_headkv_json,
-    write_layer_list,
 )
+from headprobe.tool_files.headkv_json import read_headkv_json, write_headkv_json
+from headprobe.tool_files.layer_list import read_layer_list, write_layer_list
 
 SMOL = SMOLLM2_IDENTITY
 

@@ -25,11 +25,11 @@ import numpy as np
 import pytest
 import torch
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.allocation.common import prepare_scores
 from headprobe.paths import shipped_profiles_dir
 from headprobe.profile import Profile
-from headprobe.tool_files import read_headkv_json, write_headkv_json
+from headprobe.tool_files.headkv_json import read_headkv_json, write_headkv_json
 
 REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
 PUBLISHED = sorted((REF / "headkv").glob("*.json")) + sorted((REF / "retrieval-head").glob("*.json")) \

@@ -11,18 +11,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from headprobe.allocation import allocate
+from headprobe.allocation.api import allocate
 from headprobe.profile import Profile
-from headprobe.tool_files import (
-    import_file,
-    read_duoattention,
-    read_headkv_json,
-    read_layer_list,
-    read_tsv,
-    write_duoattention,
-    write_headkv_json,
-    write_layer_list,
-)
+from headprobe.tool_files.auto import import_file
+from headprobe.tool_files.duoattention import read_duoattention, read_tsv, write_duoattention
+from headprobe.tool_files.headkv_json import read_headkv_json, write_headkv_json
+from headprobe.tool_files.layer_list import read_layer_list, write_layer_list
 
 REF = Path(__file__).resolve().parents[3] / "shared" / "reference"
 pytestmark = pytest.mark.skipif(not REF.is_dir(), reason=f"{REF} not present")

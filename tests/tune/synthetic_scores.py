@@ -17,7 +17,7 @@ BEST = {"policy": "snapkv", "window": 8, "pooling": "avg", "allocation": "pyrami
 
 def true_mean(setting) -> float:
     """Window 8 adds 0.3, average pooling 0.1, PyramidKV at taper 5 another 0.3; other policies 0.1."""
-    from headprobe.runtime import POLICIES
+    from headprobe.runtime.policies import POLICIES
 
     if setting.policy == "full":
         return 1.0

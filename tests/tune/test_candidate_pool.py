@@ -10,8 +10,8 @@ import torch
 from tune.synthetic_scores import install
 from tune.test_runner import tiny_request
 
-from headprobe.tune import run_tune
 from headprobe.tune.candidates import CandidatePool, tune_profiles
+from headprobe.tune.runner import run_tune
 from headprobe.tune.space_check import ShapeOnly, check_tune_space
 
 torch.set_num_threads(1)

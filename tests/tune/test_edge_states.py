@@ -11,8 +11,8 @@ from tune.test_runner import tiny_request
 
 import headprobe
 from headprobe.models import loading
-from headprobe.tune import run_tune, write_tune_outputs
-from headprobe.tune.runner import runs_dir
+from headprobe.tune.report import write_tune_outputs
+from headprobe.tune.runner import run_tune, runs_dir
 
 torch.set_num_threads(1)
 

@@ -6,15 +6,12 @@ import torch
 from tune.synthetic_scores import install
 
 import headprobe
-from headprobe.tune import (
-    HalvingRule,
-    SearchSpace,
-    TuneRequest,
-    TuneTask,
-    run_tune,
-    split_items,
-    write_tune_outputs,
-)
+from headprobe.tune.halving import HalvingRule
+from headprobe.tune.report import write_tune_outputs
+from headprobe.tune.request import TuneRequest, TuneTask
+from headprobe.tune.runner import run_tune
+from headprobe.tune.space import SearchSpace
+from headprobe.tune.split import split_items
 
 torch.set_num_threads(1)
 

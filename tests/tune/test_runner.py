@@ -8,20 +8,14 @@ import torch
 from tune.synthetic_scores import install, true_mean
 
 import headprobe
-from headprobe.eval import EvalResult
+from headprobe.eval.result import EvalResult
 from headprobe.eval.settings import EvalSetting
-from headprobe.tune import (
-    HalvingRule,
-    SearchSpace,
-    TuneRequest,
-    TuneTask,
-    run_tune,
-    split_items,
-    write_tune_outputs,
-)
-from headprobe.tune.halving import rung_items
-from headprobe.tune.report import load_tune_report
-from headprobe.tune.runner import runs_dir
+from headprobe.tune.halving import HalvingRule, rung_items
+from headprobe.tune.report import load_tune_report, write_tune_outputs
+from headprobe.tune.request import TuneRequest, TuneTask
+from headprobe.tune.runner import run_tune, runs_dir
+from headprobe.tune.space import SearchSpace
+from headprobe.tune.split import split_items
 
 torch.set_num_threads(1)
 

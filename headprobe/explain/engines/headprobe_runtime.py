@@ -2,7 +2,7 @@
 
 The arithmetic follows the runtime step by step (nothing here runs a model):
 
-- budgets: :class:`~headprobe.runtime.MapBudget` resolves the map for a prompt of ``N`` tokens (the map's
+- budgets: :class:`~headprobe.runtime.budget_sources.MapBudget` resolves the map for a prompt of ``N`` tokens (the map's
   budgets, or its shares at ``capacity``, clamped to ``N`` with the excess redistributed; sliding-window
   layers excluded) — the runtime's own function is called;
 - kept tokens: the policy's selection keeps ``max(min(budget, N), min(N, window))`` a head
@@ -92,7 +92,7 @@ class MapWindow:
 
 def resolved_budgets(bm: BudgetMap, model: ModelIdentity, context: int, policy: Any,
                      capacity: int | None = None) -> np.ndarray:
-    """``int64 [layers][kv_heads]`` the budgets :class:`~headprobe.runtime.MapBudget` gives a prompt of
+    """``int64 [layers][kv_heads]`` the budgets :class:`~headprobe.runtime.budget_sources.MapBudget` gives a prompt of
     ``context`` tokens for ``policy`` (a runtime policy or a :class:`MapWindow`): the runtime's function,
     called (for a map that carries a layer split and a runtime policy, :class:`~headprobe.runtime.split_budget.
     SplitBudget`'s, which takes no ``capacity``, as ``generate`` resolves it)."""

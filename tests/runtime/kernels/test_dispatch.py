@@ -165,7 +165,7 @@ def test_dispatch_runs_the_kernels_and_matches_torch(kernel_device, fresh_dispat
 
 
 def test_generate_with_triton_kernels_matches_torch_path(kernel_device, fresh_dispatch, tiny_llama, one_thread):
-    from headprobe.runtime import generate_compressed
+    from headprobe.runtime.generate import generate_compressed
 
     model = tiny_llama.model.to(kernel_device)
     tiny_llama.model = model

@@ -12,7 +12,7 @@ from headprobe.allocation.registry import ALLOCATORS
 from headprobe.errors import HeadprobeError
 from headprobe.eval.settings import expand_settings
 from headprobe.layer_split import GLOBAL, LayerSplit
-from headprobe.runtime import generate_compressed
+from headprobe.runtime.generate import generate_compressed
 from tests.conftest import _TINY_TEXT, _tiny_tokenizer, make_tiny_gemma3
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -149,7 +149,8 @@ def test_smollm2_split_keeps_exact_windows(smollm2):
 
 def test_split_setting_runs_through_the_eval_grid(tiny_llama, tmp_path):
     import headprobe
-    from headprobe.eval import EvalRequest, items_from_needles, run_eval
+    from headprobe.eval.items import items_from_needles
+    from headprobe.eval.runner import EvalRequest, run_eval
 
     split = LayerSplit(model=tiny_llama.identity, engine="vllm", layers=(16, GLOBAL, 16, 16), context=300)
     path = split.save(tmp_path / "split.json")

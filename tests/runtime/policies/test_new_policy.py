@@ -15,7 +15,8 @@ import torch
 from transformers import DynamicCache
 
 from headprobe.models.cache_argument import with_cache
-from headprobe.runtime import LayerContext, ScorerPolicy, generate_compressed
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.policies import LayerContext, ScorerPolicy
 
 
 @dataclass
@@ -95,7 +96,8 @@ def test_registering_the_class_is_all_it_takes_to_use_it_by_name(tiny_llama, mon
     """One registry entry makes the policy available by name; what eval reports about its window comes from
     the class (``observes_window``), not from a list of names elsewhere."""
     from headprobe.eval.presets import describe_window
-    from headprobe.runtime import POLICIES, make_policy
+    from headprobe.runtime.generate import make_policy
+    from headprobe.runtime.policies import POLICIES
 
     for cls in (LargestKeys, ObservedLargestKeys):
         monkeypatch.setitem(POLICIES, cls.name, cls)

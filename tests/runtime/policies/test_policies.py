@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from headprobe.models.cache_argument import with_cache
-from headprobe.runtime import generate_compressed
+from headprobe.runtime.generate import generate_compressed
 from headprobe.runtime.policies.merge import merge_groups
 
 LONG = ["The river ran past the old mill. Fishermen waited on the bank while the rain came down. " * 6,
@@ -22,7 +22,9 @@ def test_morphkv_cache_size_is_constant_while_decoding(tiny_llama):
     holder = {}
     hook = layer0.register_forward_hook(lambda *_: sizes.append(holder["cache"].stores[0].kept())
                                         if holder else None)
-    from headprobe.runtime import CompressedCache, UniformBudget, headprobe_attention, make_policy
+    from headprobe.runtime.budget_sources import UniformBudget
+    from headprobe.runtime.cache import CompressedCache, headprobe_attention
+    from headprobe.runtime.generate import make_policy
     cache = CompressedCache(tiny_llama.model.config, make_policy("morphkv", window=8), UniformBudget(24),
                             max_new_tokens=30)
     holder["cache"] = cache
@@ -89,7 +91,9 @@ def test_dynamickv_with_a_budget_map_shares_the_maps_total():
     """Per-head budgets that differ by layer and head: the layers share Σ(budget - window), not layer 0's."""
     from conftest import make_tiny_llama
 
-    from headprobe.runtime import BudgetSource, CompressedCache, headprobe_attention, make_policy
+    from headprobe.runtime.budget_sources import BudgetSource
+    from headprobe.runtime.cache import CompressedCache, headprobe_attention
+    from headprobe.runtime.generate import make_policy
 
     class Fixed(BudgetSource):
         def resolve(self, shape, prompt_lengths, policy):

@@ -13,14 +13,9 @@ from typing import ClassVar
 import pytest
 import torch
 
-from headprobe.runtime import (
-    LayerContext,
-    Rebalance,
-    ScorerPolicy,
-    generate_compressed,
-    generate_from_prefill,
-    record_prefill,
-)
+from headprobe.runtime.generate import generate_compressed
+from headprobe.runtime.policies import LayerContext, Rebalance, ScorerPolicy
+from headprobe.runtime.shared_prefill import generate_from_prefill, record_prefill
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
