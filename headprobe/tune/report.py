@@ -341,6 +341,10 @@ def format_tune_report(report: dict[str, Any]) -> str:
         cal = ch["calibration"]
         lines.append(f"capacity {cap['capacity']}: chosen {ch['label']}  (calibration {cal['accuracy']:.3f} "
                      f"[{cal['interval'][0]:.2f}, {cal['interval'][1]:.2f}], n={cal['n']})")
+        if cal["n"] and cal["accuracy"] == 0:
+            lines.append(f"  no finding: the chosen setting answered none of its {cal['n']} calibration items, so the "
+                         "search had no score to rank by and fell to its tie-break (fewest bytes); give the cache "
+                         "more room or calibrate on items it can answer")
         if ch.get("setting_string"):
             lines.append(f"  setting: {ch['setting_string']}")
         lines.append(f"  {'held-out':<44} {'acc':>6} {'interval':>14} {'chosen - it':>16} {'cache MiB':>10}")

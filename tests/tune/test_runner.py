@@ -210,3 +210,23 @@ def test_an_interrupted_tune_resumes_without_redoing_a_trial(tiny_llama, tmp_pat
             return json.loads(json.dumps(c).replace(str(tmp_path / "a"), "X").replace(str(tmp_path / "b"), "X"))
 
         assert strip(ra) == strip(rb)
+
+
+def test_a_choice_made_without_a_single_answer_says_it_is_no_finding(tuned):
+    # a capacity at which nothing answers any calibration item still yields a "chosen" setting (the tie-break
+    # picks the fewest bytes); the text a user reads must say that this is no finding
+    import copy
+
+    from headprobe.tune.report import format_tune_report
+
+    _, report, _, _ = tuned
+    assert all(c["chosen"]["calibration"]["accuracy"] > 0 for c in report["capacities"])
+    assert "no finding" not in format_tune_report(report)
+    silent = copy.deepcopy(report)
+    silent["capacities"][0]["chosen"]["calibration"]["accuracy"] = 0.0
+    lines = format_tune_report(silent).splitlines()
+    flagged = [i for i, line in enumerate(lines) if "no finding" in line]
+    assert len(flagged) == 1
+    n = silent["capacities"][0]["chosen"]["calibration"]["n"]
+    assert f"none of its {n} calibration items" in lines[flagged[0]]
+    assert lines[flagged[0] - 1].startswith(f"capacity {silent['capacities'][0]['capacity']}: chosen")
