@@ -60,8 +60,8 @@ class PressSpec:
         The kvpress class (its name in ``kvpress``; the pattern-folder press lives in
         :mod:`headprobe.library_bridges.kvpress`).
     inner
-        For a press over a scorer press (``AdaKVPress``): the inner press's class; options go to whichever
-        of the two declares them.
+        For a press over a scorer press (``AdaKVPress``; ``BlockPress``, kvpress's block-by-block scoring, the
+        way KeyDiff's paper prefills): the inner press's class; options go to whichever of the two declares them.
     ratio
         Whether the press takes a ``compression_ratio`` (then the setting has capacities); ``False`` for no
         press and for a press whose pattern decides what it keeps (DuoAttention), run once like ``full``.
@@ -81,6 +81,7 @@ PRESSES: dict[str, PressSpec] = {
     "expected_attention": PressSpec("ExpectedAttentionPress"),
     "adakv": PressSpec("AdaKVPress", inner="SnapKVPress"),
     "keydiff": PressSpec("KeyDiffPress"),
+    "block_keydiff": PressSpec("BlockPress", inner="KeyDiffPress"),
     "knorm": PressSpec("KnormPress"),
     "tova": PressSpec("TOVAPress"),
     "kvzip": PressSpec("KVzipPress"),

@@ -28,7 +28,8 @@ def result(smollm2, tmp_path_factory):
         [("quiet-harbour", "4817293"), ("amber-lantern", "6051142"), ("north-meadow", "2390517")])])
     examples = load_ruler_dir(folder)
     settings = expand_settings(["full", "kvpress:none", "kvpress:snapkv", "kvpress:adakv",
-                                "kvpress:snapkv[compress_questions=true]"], [CAPACITY])
+                                "kvpress:snapkv[compress_questions=true]", "kvpress:block_keydiff[block_size=32]"],
+                               [CAPACITY])
     for s in settings:
         s.check_policy()
     out = run_dataset_eval(smollm2, examples, settings, folder / "out.json", max_length=8192, max_new_tokens=12,
@@ -51,7 +52,8 @@ def test_kvpress_without_a_press_answers_as_headprobes_full_cache(result):
 
 
 def test_a_scorer_press_holds_the_capacity_and_a_head_wise_press_masks_a_full_cache(result):
-    for label in (f"kvpress:snapkv@{CAPACITY}", f"kvpress:snapkv[compress_questions=true]@{CAPACITY}"):
+    for label in (f"kvpress:snapkv@{CAPACITY}", f"kvpress:snapkv[compress_questions=true]@{CAPACITY}",
+                  f"kvpress:block_keydiff[block_size=32]@{CAPACITY}"):
         for t in _trials(result, label):
             assert t["attended_tokens"] == CAPACITY
             # the cache held the capacity and the answer's tokens (g generated, the last never cached; g is
@@ -61,6 +63,17 @@ def test_a_scorer_press_holds_the_capacity_and_a_head_wise_press_masks_a_full_ca
     for t in _trials(result, f"kvpress:adakv@{CAPACITY}"):
         assert t["attended_tokens"] == CAPACITY            # AdaKV masks keys: the tokens attended shrink...
         assert t["cache_bytes"] == t["full_cache_bytes"]   # ...the bytes do not
+
+
+def test_block_keydiff_is_kvpress_block_press_over_its_keydiff_press():
+    """``kvpress:block_keydiff`` is KeyDiff as its paper prefills, in kvpress's words: ``BlockPress`` over
+    ``KeyDiffPress``, the ratio on the inner press, ``block_size`` on the block press."""
+    from headprobe.library_bridges.press_settings import make_press
+
+    press = make_press("block_keydiff", {"block_size": 64}, 0.75)
+    assert isinstance(press, kvpress.BlockPress) and isinstance(press.press, kvpress.KeyDiffPress)
+    assert (press.block_size, press.compression_ratio, press.press.compression_ratio) == (64, 0.75, 0.75)
+    assert make_press("block_keydiff", {}, 0.5).block_size == 128               # kvpress's default, the paper's B
 
 
 def test_each_prompt_runs_at_the_ratio_that_keeps_the_capacity(smollm2, result):

@@ -64,6 +64,26 @@ def test_the_same_tokens_are_kept_in_every_head(smollm2, prompt, keys, name):
     assert all(len(head) == _n_kept(prompt) for layer in ours for head in layer)
 
 
+def test_block_keydiff_keeps_kvpress_tokens_where_both_see_the_same_keys(smollm2, prompt, keys):
+    """KeyDiff block by block, as its paper prefills: kvpress's ``BlockPress(KeyDiffPress)`` keeps the first
+    ``n_kept`` tokens, then adds ``block_size`` at a time and keeps the ``n_kept`` most distinct;
+    ``keydiff[block_size=B]`` does the same where ``B`` divides ``n_kept``. In the first layer both score the
+    same keys and keep the same tokens in every head. Above it they part by design: headprobe prefills block
+    by block for real, so a later layer's keys come from lower layers that already dropped tokens, while
+    kvpress scores the keys of one full forward pass."""
+    block, n_kept = 50, _n_kept(prompt)
+    assert n_kept % block == 0
+    press = kvpress.BlockPress(kvpress.KeyDiffPress(RATIO), block_size=block)
+    theirs = press_kept(smollm2.model, press, prompt, keys)
+    ours = headprobe_kept(smollm2, prompt, "keydiff", {"block_size": block, "anchor": "normalized"}, capacity=n_kept)
+    first = agreement(ours, theirs, layers=[0])
+    assert (first.heads, first.share) == (3, 1.0), first.first_difference
+    above = agreement(ours, theirs, layers=list(range(1, 30)))
+    assert above.share < 1.0 and above.same_counts == above.heads     # same sizes, other tokens somewhere
+    one_block = headprobe_kept(smollm2, prompt, "keydiff", {"block_size": prompt.shape[1]}, capacity=n_kept)
+    assert agreement(ours, one_block).share < 1.0                      # blocks change what is kept
+
+
 def test_adakv_keeps_kvpress_tokens_up_to_float_ties(smollm2, prompt, keys):
     """AdaKV over SnapKV: with the safeguard counted on the whole budget (``floor_of=budget``, kvpress's
     ``int(n_kept · alpha)`` with the window inside), the kept tokens agree but for near-ties of the one
