@@ -14,7 +14,7 @@ from headprobe.eval.datasets import run_dataset_eval
 from headprobe.eval.ruler_data import load_ruler_dir
 from headprobe.eval.ruler_task import RulerTask
 from headprobe.eval.settings import expand_settings
-from headprobe.library_bridges.press_settings import context_ratio
+from headprobe.library_bridges.press_settings import context_ratio, make_press
 
 pytestmark = pytest.mark.slow
 
@@ -68,8 +68,6 @@ def test_a_scorer_press_holds_the_capacity_and_a_head_wise_press_masks_a_full_ca
 def test_block_keydiff_is_kvpress_block_press_over_its_keydiff_press():
     """``kvpress:block_keydiff`` is KeyDiff as its paper prefills, in kvpress's words: ``BlockPress`` over
     ``KeyDiffPress``, the ratio on the inner press, ``block_size`` on the block press."""
-    from headprobe.library_bridges.press_settings import make_press
-
     press = make_press("block_keydiff", {"block_size": 64}, 0.75)
     assert isinstance(press, kvpress.BlockPress) and isinstance(press.press, kvpress.KeyDiffPress)
     assert (press.block_size, press.compression_ratio, press.press.compression_ratio) == (64, 0.75, 0.75)
