@@ -1,7 +1,9 @@
-"""Everything the GPU must show, in one command (under 10 minutes on one H100).
+"""Everything the GPU must show, in one command (all sections: about 10 minutes on one H100, estimated).
 
     python benchmarks/gpu_check.py --out gpu-check              # a machine with CUDA and Triton
     python benchmarks/gpu_check.py --dry-run --out /tmp/check    # CPU: tiny shapes, Triton interpreted
+    python benchmarks/gpu_check.py --out gpu-kernels --sections compaction ragged_decode decode_step
+                                                                 # the kernels and a whole decode step alone
 
 Sections (each records ``ok``, its figures and its seconds; a failing section records the error and the
 others still run):
@@ -10,10 +12,13 @@ others still run):
     GB/s of one large ``torch.empty(...).copy_()`` (bytes read + written): the yardstick of the kernels.
 ``compaction``
     The Triton compaction kernel vs the PyTorch path at Mistral-7B's shapes (8 KV heads, head_dim 128,
-    a 32K prompt, ragged kept counts): written buffers identical, time, GB/s and share of copy bandwidth.
+    a 32K prompt) at kept budgets of 256 to 16K pairs a KV head, batch 1 and 8: written buffers identical,
+    bytes moved, time per call (the host's launch included) and per GPU run (CUDA graph replay), GB/s and
+    share of copy bandwidth of each.
 ``ragged_decode``
-    The Triton decode kernel vs the PyTorch path over ragged heads of several budgets (32 query heads on
-    8 KV heads): largest difference, time, GB/s of K/V read and share of copy bandwidth, split-K used.
+    The Triton decode kernel vs the PyTorch path over ragged heads of budgets 256 to 32K (32 query heads on
+    8 KV heads), batch 1 and 8: largest difference, time per call and per GPU run, GB/s of K/V read and
+    share of copy bandwidth, split-K used and launches a call.
 ``profile_forward``
     Fast-mode profiling (``headprobe.run_profile``) of a random-weight model with Mistral-7B's attention
     shapes (hidden 4096, 32 query heads, 8 KV heads, head_dim 128) at 32K: the CUDA prompt forward runs
@@ -28,6 +33,11 @@ others still run):
     ``snapkv`` through the PyTorch path) vs ``model.generate`` with SDPA over a full cache: prefill
     seconds, decode ms per token, cache bytes, peak memory, tokens agreeing with SDPA, and host-device
     synchronisations per decoded token (``torch.cuda.set_sync_debug_mode``; ``keepkv`` too).
+``decode_step``
+    A whole decode step of a random model with Mistral-7B's shapes and all 32 layers, at 8K and 32K prompts,
+    batch 1 and 8: stock ``generate`` (SDPA over the full cache), headprobe's SnapKV at 2,048 tokens a KV
+    head through the Triton kernels and through the PyTorch path; ms per token (median step), GB/s of what
+    a step reads (weights and K/V), the share of the step the cache takes, cache bytes and peak memory.
 
 Writes ``OUT/gpu_check.json`` (format ``headprobe-gpu-check``, version 1) after every section, and
 ``OUT/gpu_check.md`` (one table a section). The model is random (no download): shapes and speed only,
@@ -53,7 +63,7 @@ from typing import Any
 FORMAT = "headprobe-gpu-check"
 VERSION = 1
 SECTIONS = ("copy_bandwidth", "compaction", "ragged_decode", "profile_forward", "profile_modes",
-            "compressed_decode")
+            "compressed_decode", "decode_step")
 
 
 @dataclass
@@ -82,6 +92,13 @@ class Shapes:
     decode_prompt: int
     new_tokens: int
     capacity: int
+    compact_cases: list[tuple[int, int]]
+    decode_batches: list[int]
+    step_layers: int
+    step_prompts: list[int]
+    step_batches: list[int]
+    step_capacity: int
+    step_new_tokens: int
     tokenizer_vocab: int = 2000
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -91,12 +108,17 @@ FULL = Shapes(device="cuda", dtype="bfloat16", hidden=4096, heads=32, kv_heads=8
               compact_keep=(512, 8192), decode_lengths=[256, 1024, 4096, 32768], timing_reps=50,
               profile_length=32768, profile_depths=[0.0, 0.5, 1.0], modes_length=8192,
               modes_needles=2, modes_depths=[0.0, 0.25, 0.5, 0.75, 1.0],
-              decode_prompt=32768 - 64, new_tokens=64, capacity=2048)
+              decode_prompt=32768 - 64, new_tokens=64, capacity=2048,
+              compact_cases=[(256, 1), (1024, 1), (4096, 1), (16384, 1), (256, 8), (4096, 8)],
+              decode_batches=[1, 8], step_layers=32, step_prompts=[8192 - 64, 32768 - 64], step_batches=[1, 8],
+              step_capacity=2048, step_new_tokens=32)
 DRY = Shapes(device="cpu", dtype="float32", hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2,
              intermediate=128, max_context=2048, copy_mib=32, compact_tokens=512, compact_keep=(16, 200),
              decode_lengths=[64, 300], timing_reps=2, profile_length=512, profile_depths=[0.0, 0.5, 1.0],
              modes_length=512, modes_needles=2, modes_depths=[0.0, 0.5, 1.0],
-             decode_prompt=400, new_tokens=6, capacity=64, tokenizer_vocab=600)
+             decode_prompt=400, new_tokens=6, capacity=64, compact_cases=[(16, 1), (200, 1), (64, 2)],
+             decode_batches=[1, 2], step_layers=2, step_prompts=[200, 400], step_batches=[1, 2],
+             step_capacity=64, step_new_tokens=5, tokenizer_vocab=600)
 
 
 # ---- small helpers ---------------------------------------------------------------------------------
@@ -118,6 +140,44 @@ def timed(fn: Callable[[], Any], device, reps: int, warmup: int = 1) -> float:
         fn()
     _sync(device)
     return (time.perf_counter() - start) / reps
+
+
+def graph_timed(fn: Callable[[], Any], device, launches: int = 10, reps: int = 20) -> tuple[float | None, str | None]:
+    """GPU seconds of one call of ``fn`` without the host's launch cost, and why not when it cannot tell.
+
+    ``launches`` calls are captured in one CUDA graph (after warm-up calls on a side stream, so that
+    autotuning and allocation happen outside the capture), and the graph is replayed ``reps`` times between
+    two CUDA events. A call that synchronises with the host (a boolean mask, ``.item()``) cannot be captured:
+    the result is then ``(None, reason)``, as it is on the CPU.
+    """
+    import torch
+
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return None, "CUDA graphs need a CUDA device"
+    try:
+        side = torch.cuda.Stream(dev)
+        side.wait_stream(torch.cuda.current_stream(dev))
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                fn()
+        torch.cuda.current_stream(dev).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            for _ in range(launches):
+                fn()
+        graph.replay()
+        torch.cuda.synchronize(dev)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(reps):
+            graph.replay()
+        end.record()
+        torch.cuda.synchronize(dev)
+        return start.elapsed_time(end) / 1e3 / (reps * launches), None
+    except Exception as exc:  # noqa: BLE001 - a call that cannot be captured is a finding, not a failure
+        torch.cuda.synchronize(dev)
+        return None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
 
 
 def _reset_peak(device) -> None:
@@ -170,10 +230,12 @@ class Workbench:
     def loaded(self):
         """A random MistralForCausalLM with the configured shapes and a small BPE tokenizer."""
         if self._loaded is None:
-            self._loaded = self._build()
+            self._loaded = self.build(self.shapes.layers)
         return self._loaded
 
-    def _build(self):
+    def build(self, layers: int):
+        """A new random MistralForCausalLM with ``layers`` decoder layers, built in its own dtype (a 7B-shaped
+        model is never held in float32)."""
         import torch
         from tokenizers import ByteLevelBPETokenizer
         from transformers import MistralConfig, MistralForCausalLM, PreTrainedTokenizerFast
@@ -187,19 +249,24 @@ class Workbench:
         tok = PreTrainedTokenizerFast(tokenizer_object=bpe._tokenizer, bos_token="<s>", eos_token="</s>",
                                       pad_token="<pad>")
         config = MistralConfig(vocab_size=len(tok), hidden_size=s.hidden, intermediate_size=s.intermediate,
-                               num_hidden_layers=s.layers, num_attention_heads=s.heads,
+                               num_hidden_layers=layers, num_attention_heads=s.heads,
                                num_key_value_heads=s.kv_heads, head_dim=s.head_dim, sliding_window=None,
                                max_position_embeddings=s.max_context, bos_token_id=tok.bos_token_id,
                                eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         torch.manual_seed(0)
-        with torch.device(s.device):
-            model = MistralForCausalLM(config)
+        default = torch.get_default_dtype()
+        torch.set_default_dtype(_dtype(s.dtype))
+        try:
+            with torch.device(s.device):
+                model = MistralForCausalLM(config)
+        finally:
+            torch.set_default_dtype(default)
         model = model.to(_dtype(s.dtype)).eval()
         model.config._attn_implementation = "sdpa"
         identity = headprobe.ModelIdentity(
             name="random-mistral-7b-attention", source="random weights", architecture="mistral",
-            num_layers=s.layers, num_query_heads=s.heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
-            layer_types=("full_attention",) * s.layers, max_context=s.max_context)
+            num_layers=layers, num_query_heads=s.heads, num_kv_heads=s.kv_heads, head_dim=s.head_dim,
+            layer_types=("full_attention",) * layers, max_context=s.max_context)
         return headprobe.LoadedModel(model=model, tokenizer=tok, identity=identity)
 
 
@@ -222,7 +289,9 @@ def _share(gbps: float, bench: Workbench) -> float | None:
     return _r(gbps / bench.copy_gbps, 3) if bench.copy_gbps else None
 
 
-def section_compaction(bench: Workbench) -> dict:
+def _compact_case(bench: Workbench, budget: int, batch: int, g) -> dict:
+    """Compaction of ``budget`` kept pairs in each of ``batch · kv_heads`` segments of a ``compact_tokens``
+    prompt, the Triton kernel against the PyTorch path: written buffers, time per call and per GPU run."""
     import torch
 
     from headprobe.runtime.kernels.compact import compact_triton
@@ -230,14 +299,13 @@ def section_compaction(bench: Workbench) -> dict:
 
     s = bench.shapes
     dev, dtype = torch.device(s.device), _dtype(s.dtype)
-    g = torch.Generator(device=dev).manual_seed(0)
     heads, n, d = s.kv_heads, s.compact_tokens, s.head_dim
-    keys = torch.randn(1, heads, n, d, device=dev, dtype=dtype, generator=g)
-    values = torch.randn(1, heads, n, d, device=dev, dtype=dtype, generator=g)
-    positions = torch.arange(n, device=dev)[None]
-    count = torch.randint(s.compact_keep[0], s.compact_keep[1] + 1, (heads,), device=dev, generator=g)
-    k_max = int(count.max())
-    index = torch.argsort(torch.rand(heads, n, device=dev, generator=g), dim=1)[:, :k_max].sort(1).values
+    segments = batch * heads
+    keys = torch.randn(batch, heads, n, d, device=dev, dtype=dtype, generator=g)
+    values = torch.randn(batch, heads, n, d, device=dev, dtype=dtype, generator=g)
+    positions = torch.arange(n, device=dev)[None].expand(batch, n).contiguous()
+    count = torch.full((segments,), budget, device=dev, dtype=torch.int64)
+    index = torch.argsort(torch.rand(segments, n, device=dev, generator=g), dim=1)[:, :budget].sort(1).values
     capacity = count + 64
     offsets = torch.cumsum(capacity, 0) - capacity
     rows = int(capacity.sum())
@@ -250,20 +318,45 @@ def section_compaction(bench: Workbench) -> dict:
     compact_torch(keys, values, positions, index, count, offsets, *ref[:3])
     compact_triton(keys, values, positions, index, count, offsets, *fast)
     exact = all(bool(torch.equal(a, b)) for a, b in zip(ref[:3], fast[:3])) and bool(torch.equal(fast[3], count))
-    t_fast = timed(lambda: compact_triton(keys, values, positions, index, count, offsets, *fast), dev,
-                   s.timing_reps)
+
+    def triton_call():
+        compact_triton(keys, values, positions, index, count, offsets, *fast)
+
+    t_fast = timed(triton_call, dev, s.timing_reps)
     t_ref = timed(lambda: compact_torch(keys, values, positions, index, count, offsets, *ref[:3]), dev,
                   s.timing_reps)
-    kept = int(count.sum())
+    t_gpu, why = graph_timed(triton_call, dev)
+    kept = segments * budget
     moved = kept * (2 * d * keys.element_size() * 2 + 8 + 8 + 4)   # K,V read+write; index, position, row
     gbps = moved / t_fast / 1e9
-    return {"ok": exact, "exact": exact, "kv_heads": heads, "prompt_tokens": n, "head_dim": d,
-            "dtype": s.dtype, "kept_pairs": kept, "triton_ms": _r(t_fast * 1e3), "torch_ms": _r(t_ref * 1e3),
-            "speedup": _r(t_ref / t_fast, 3), "gb_per_s": _r(gbps), "share_of_copy": _share(gbps, bench)}
+    gpu_gbps = moved / t_gpu / 1e9 if t_gpu else None
+    return {"budget": budget, "batch": batch, "segments": segments, "kept_pairs": kept, "bytes_moved": moved,
+            "exact": exact, "triton_us": _r(t_fast * 1e6), "torch_us": _r(t_ref * 1e6),
+            "speedup": _r(t_ref / t_fast, 3), "gb_per_s": _r(gbps), "share_of_copy": _share(gbps, bench),
+            "gpu_us": _r(t_gpu * 1e6) if t_gpu else None, "gpu_gb_per_s": _r(gpu_gbps) if gpu_gbps else None,
+            "gpu_share_of_copy": _share(gpu_gbps, bench) if gpu_gbps else None, "gpu_time": why or "CUDA graph"}
 
 
-def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None, g) -> dict:
-    """One ragged decode step over ``kv_heads`` segments of ``budget/2 .. budget`` pairs, both paths."""
+def section_compaction(bench: Workbench) -> dict:
+    """The compaction kernel at each kept budget per KV head (``compact_cases``: budget, batch).
+
+    ``triton_us`` is a call as the runtime makes it (the host's launch included); ``gpu_us`` the kernel alone
+    (CUDA graph replay), the figure the bandwidth target is about. Bytes moved: each kept pair's K and V
+    read and written, its index and position read and its position written.
+    """
+    import torch
+
+    s = bench.shapes
+    dev = torch.device(s.device)
+    g = torch.Generator(device=dev).manual_seed(0)
+    rows = [_compact_case(bench, budget, batch, g) for budget, batch in s.compact_cases]
+    return {"ok": all(r["exact"] for r in rows), "exact": all(r["exact"] for r in rows), "kv_heads": s.kv_heads,
+            "prompt_tokens": s.compact_tokens, "head_dim": s.head_dim, "dtype": s.dtype, "rows": rows}
+
+
+def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None, g, batch: int = 1) -> dict:
+    """One ragged decode step over ``batch · kv_heads`` segments of ``budget/2 .. budget`` pairs, both paths:
+    time per call as the runtime makes it (the host's launch included) and per GPU run (CUDA graph replay)."""
     import torch
 
     from headprobe.runtime.kernels import launch, ragged_decode
@@ -271,7 +364,8 @@ def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None,
 
     s = bench.shapes
     dev, dtype = torch.device(s.device), _dtype(s.dtype)
-    heads, d = s.kv_heads, s.head_dim
+    kv_heads, d = s.kv_heads, s.head_dim
+    heads = batch * kv_heads                                   # segments
     tol = 2e-2 if dtype != torch.float32 else 1e-4
     lengths = torch.randint(budget // 2, budget + 1, (heads,), device=dev, generator=g)
     capacity = lengths + 64
@@ -284,8 +378,8 @@ def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None,
     positions = torch.zeros(total, dtype=torch.int32, device=dev)
     positions[(offsets[:, None] + slot[None, :])[used]] = slot[None, :].expand(heads, -1)[used].to(torch.int32)
     log_votes = torch.rand(total, device=dev, generator=g).log1p() if votes else None
-    query = torch.randn(1, s.heads, 1, d, device=dev, dtype=dtype, generator=g)
-    qpos = torch.full((1, 1), budget + 1, device=dev)
+    query = torch.randn(batch, s.heads, 1, d, device=dev, dtype=dtype, generator=g)
+    qpos = torch.full((batch, 1), budget + 1, device=dev)
     scale = d ** -0.5
     max_len = int(lengths.max())
     width = torch.arange(max_len, device=dev)
@@ -297,7 +391,7 @@ def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None,
                                       scale, window, None, log_votes[index] if votes else None)
 
     def triton_path():
-        return ragged_decode.ragged_decode_triton(query, keys, values, positions, offsets, lengths, heads, qpos,
+        return ragged_decode.ragged_decode_triton(query, keys, values, positions, offsets, lengths, kv_heads, qpos,
                                                   scale, window, log_votes, max_len=max_len)
 
     ref, fast = torch_path(), triton_path()
@@ -305,15 +399,25 @@ def _decode_case(bench: Workbench, budget: int, votes: bool, window: int | None,
     close = bool(torch.allclose(ref.float(), fast.float(), atol=tol, rtol=tol))
     t_fast = timed(triton_path, dev, s.timing_reps)
     t_ref = timed(torch_path, dev, s.timing_reps)
+    gpu_fast, why_fast = graph_timed(triton_path, dev)
+    gpu_ref, why_ref = graph_timed(torch_path, dev)
     stored = int(lengths.sum())
     read = stored * (2 * d * keys.element_size() + 4 + (4 if votes else 0))
     gbps = read / t_fast / 1e9
+    gpu_gbps = read / gpu_fast / 1e9 if gpu_fast else None
     splits = -(-max_len // ragged_decode.choose_split(max_len, heads, launch.sm_count(dev)))
     best = getattr(ragged_decode.DECODE_KERNEL.kernel(), "best_config", None)
-    return {"budget": budget, "votes": votes, "window": window, "stored_pairs": stored, "max_abs_diff": _r(diff),
+    return {"budget": budget, "batch": batch, "votes": votes, "window": window, "stored_pairs": stored,
+            "bytes_read": read, "max_abs_diff": _r(diff),
             "tolerance": tol, "close": close, "triton_us": _r(t_fast * 1e6), "torch_us": _r(t_ref * 1e6),
             "speedup": _r(t_ref / t_fast, 3), "gb_per_s": _r(gbps), "share_of_copy": _share(gbps, bench),
-            "splits_per_head": splits, "programs": heads * splits,
+            "gpu_us": _r(gpu_fast * 1e6) if gpu_fast else None,
+            "torch_gpu_us": _r(gpu_ref * 1e6) if gpu_ref else None,
+            "gpu_speedup": _r(gpu_ref / gpu_fast, 3) if gpu_fast and gpu_ref else None,
+            "gpu_gb_per_s": _r(gpu_gbps) if gpu_gbps else None,
+            "gpu_share_of_copy": _share(gpu_gbps, bench) if gpu_gbps else None,
+            "gpu_time": "; ".join(w for w in (why_fast, why_ref and f"torch path: {why_ref}") if w) or "CUDA graph",
+            "splits_per_head": splits, "programs": heads * splits, "launches": 1 if splits == 1 else 2,
             "config": str(best) if best is not None else "first configuration (interpreter or untuned)"}
 
 
@@ -325,10 +429,10 @@ def section_ragged_decode(bench: Workbench) -> dict:
     s = bench.shapes
     dev = torch.device(s.device)
     g = torch.Generator(device=dev).manual_seed(1)
-    cases = [(length, False, None) for length in s.decode_lengths]
-    cases.append((s.decode_lengths[len(s.decode_lengths) // 2], True, None))            # KeepKV vote bias
-    cases.append((s.decode_lengths[-1], False, s.decode_lengths[-1] // 4))                 # sliding window
-    rows = [_decode_case(bench, budget, votes, window, g) for budget, votes, window in cases]
+    cases = [(length, False, None, batch) for batch in s.decode_batches for length in s.decode_lengths]
+    cases.append((s.decode_lengths[len(s.decode_lengths) // 2], True, None, 1))            # KeepKV vote bias
+    cases.append((s.decode_lengths[-1], False, s.decode_lengths[-1] // 4, 1))              # sliding window
+    rows = [_decode_case(bench, budget, votes, window, g, batch) for budget, votes, window, batch in cases]
     return {"ok": all(r["close"] for r in rows), "kv_heads": s.kv_heads, "query_heads": s.heads,
             "head_dim": s.head_dim, "dtype": s.dtype, "sm_count": launch.sm_count(dev), "rows": rows}
 
@@ -558,6 +662,127 @@ def section_compressed_decode(bench: Workbench) -> dict:
             "layers": s.layers, "runs": results}
 
 
+def _step_clock(device):
+    """A stopping criterion that never stops: it records the time (device synchronised) as each token is
+    chosen in ``marks``, so one ``generate`` call gives its prefill (the first mark) and every decode step."""
+    import torch
+    from transformers import StoppingCriteria
+
+    class StepClock(StoppingCriteria):
+        def __init__(self) -> None:
+            self.marks: list[float] = []
+
+        def __call__(self, input_ids, scores, **kwargs):
+            _sync(device)
+            self.marks.append(time.perf_counter())
+            return torch.zeros(input_ids.shape[0], dtype=torch.bool, device=input_ids.device)
+
+    return StepClock()
+
+
+def _step_run(model, loaded, ids, new: int, policy: str | None, backend: str, capacity: int) -> dict:
+    """One ``generate`` of ``new`` tokens: stock (``policy`` None: SDPA over transformers' full cache) or
+    headprobe's compressed cache; prefill seconds, median decode step, cache bytes, peak memory."""
+    import statistics
+
+    import torch
+    from transformers import StoppingCriteriaList
+
+    import headprobe
+
+    dev = ids.device
+    clock = _step_clock(dev)
+    common = {"do_sample": False, "min_new_tokens": new, "max_new_tokens": new,
+              "pad_token_id": loaded.tokenizer.pad_token_id, "stopping_criteria": StoppingCriteriaList([clock])}
+    _reset_peak(dev)
+    _sync(dev)
+    start = time.perf_counter()
+    if policy is None:
+        model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **common)
+        per_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * model.config.head_dim
+        cache_bytes = per_token * model.dtype.itemsize * ids.numel()
+    else:
+        previous = headprobe.set_kernel_backend(backend)
+        try:
+            res = headprobe.generate_compressed(loaded, input_ids=ids, attention_mask=torch.ones_like(ids),
+                                                policy=policy, capacity=capacity, **common)
+        finally:
+            headprobe.set_kernel_backend(previous)
+        cache_bytes = res.memory_bytes
+    steps = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
+    return {"prefill_s": _r(clock.marks[0] - start), "decode_ms_per_token": _r(statistics.median(steps) * 1e3),
+            "steps": len(steps), "cache_bytes": int(cache_bytes), "peak_mib": _peak_mib(dev)}
+
+
+def section_decode_step(bench: Workbench) -> dict:
+    """A whole decode step of a 7B-shaped model (``step_layers`` layers, random weights) at each prompt length
+    and batch: stock ``generate`` (SDPA over the full cache), headprobe's SnapKV at ``step_capacity`` through
+    the Triton kernels and through the PyTorch path.
+
+    ``gb_per_s`` is what one step must read (the weights once, and every stored K/V pair) over its time.
+    ``cache_share`` is ``1 - floor / step``, the part of the step the cache's size costs, where ``floor`` is
+    the same run's step at the same batch over a 64-token prompt (capacity 16 for headprobe's runs): a
+    cache that costs almost nothing. A run that does not fit the GPU's memory is recorded as
+    ``out of memory`` and the others go on.
+    """
+    import gc
+
+    import torch
+
+    s = bench.shapes
+    loaded = bench.build(s.step_layers)
+    model, dev = loaded.model, loaded.device
+    weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    fast = "auto" if dev.type == "cuda" else "triton"
+    kinds = {"sdpa_full_cache": (None, "torch", 0), "snapkv_triton": ("snapkv", fast, s.step_capacity),
+             "snapkv_torch": ("snapkv", "torch", s.step_capacity)}
+    low = max(loaded.tokenizer.all_special_ids) + 1
+    g = torch.Generator(device=dev).manual_seed(3)
+    warm = torch.randint(low, len(loaded.tokenizer), (1, min(1024, s.step_prompts[0])), device=dev, generator=g)
+    for policy, backend, capacity in kinds.values():          # compile, autotune and allocate before timing
+        _step_run(model, loaded, warm, 3, policy, backend, min(capacity, 256) or 0)
+    floors = {}
+    for batch in s.step_batches:
+        short = torch.randint(low, len(loaded.tokenizer), (batch, 64), device=dev, generator=g)
+        for name, (policy, backend, capacity) in kinds.items():
+            floors[batch, name] = _step_run(model, loaded, short, s.step_new_tokens, policy, backend,
+                                            min(capacity, 16))["decode_ms_per_token"]
+    rows = []
+    for prompt in s.step_prompts:
+        for batch in s.step_batches:
+            ids = torch.randint(low, len(loaded.tokenizer), (batch, prompt), device=dev, generator=g)
+            row: dict[str, Any] = {"prompt": prompt, "batch": batch}
+            for name, (policy, backend, capacity) in kinds.items():
+                try:
+                    r = _step_run(model, loaded, ids, s.step_new_tokens, policy, backend, capacity)
+                except torch.OutOfMemoryError:
+                    r = {"decode_ms_per_token": None, "error": "out of memory"}
+                gc.collect()
+                if dev.type == "cuda":
+                    torch.cuda.empty_cache()
+                ms = r["decode_ms_per_token"]
+                if ms:
+                    r["gb_per_s"] = _r((weight_bytes + r["cache_bytes"]) / (ms / 1e3) / 1e9)
+                    r["share_of_copy"] = _share(r["gb_per_s"], bench)
+                if ms:
+                    r["floor_ms_per_token"] = floors[batch, name]
+                    r["cache_share"] = _r(max(0.0, 1 - floors[batch, name] / ms), 3)
+                row[name] = r
+            sdpa = row["sdpa_full_cache"]["decode_ms_per_token"]
+            for name in ("snapkv_triton", "snapkv_torch"):
+                ms = row[name]["decode_ms_per_token"]
+                row[name]["speedup_vs_sdpa"] = _r(sdpa / ms, 3) if ms and sdpa else None
+            rows.append(row)
+    del loaded, model
+    gc.collect()
+    flat = [{"prompt": r["prompt"], "batch": r["batch"], "run": name, **r[name]}
+            for r in rows for name in kinds]
+    ok = all(f.get("steps") == s.step_new_tokens - 1 for f in flat if "error" not in f) \
+        and all("error" not in r["snapkv_triton"] for r in rows)
+    return {"ok": ok, "layers": s.step_layers, "capacity": s.step_capacity, "new_tokens": s.step_new_tokens,
+            "weight_bytes": weight_bytes, "rows": flat}
+
+
 def _syncs_per_token(run: Callable, ids, device) -> float | None:
     """Host-device synchronisations per decoded token (CUDA's sync debug mode counts them; ``None`` on CPU):
     ``(syncs(10 new) - syncs(2 new)) / 8``, so the prefill's own cancel out."""
@@ -582,7 +807,8 @@ def _syncs_per_token(run: Callable, ids, device) -> float | None:
 
 SECTION_FUNCS = {"copy_bandwidth": section_copy_bandwidth, "compaction": section_compaction,
                  "ragged_decode": section_ragged_decode, "profile_forward": section_profile_forward,
-                 "profile_modes": section_profile_modes, "compressed_decode": section_compressed_decode}
+                 "profile_modes": section_profile_modes, "compressed_decode": section_compressed_decode,
+                 "decode_step": section_decode_step}
 
 
 # ---- report ----------------------------------------------------------------------------------------

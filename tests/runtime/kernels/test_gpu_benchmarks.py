@@ -32,12 +32,16 @@ def test_gpu_check_dry_run_writes_every_section_ok(tmp_path):
     assert report["format"] == "headprobe-gpu-check" and report["version"] == 1 and report["dry_run"] is True
     sections = report["sections"]
     assert list(sections) == ["copy_bandwidth", "compaction", "ragged_decode", "profile_forward",
-                              "profile_modes", "compressed_decode"]
+                              "profile_modes", "compressed_decode", "decode_step"]
     for name, section in sections.items():
         assert section["ok"] is True and "error" not in section, name
     assert sections["copy_bandwidth"]["gb_per_s"] > 0
-    assert sections["compaction"]["exact"] is True and sections["compaction"]["kept_pairs"] > 0
+    compaction = sections["compaction"]["rows"]
+    assert all(row["exact"] and row["kept_pairs"] == row["segments"] * row["budget"] for row in compaction)
+    assert {row["batch"] for row in compaction} == {1, 2}
+    assert all(row["gpu_us"] is None and "CUDA" in row["gpu_time"] for row in compaction)   # no graph on CPU
     assert all(row["close"] and row["max_abs_diff"] <= 1e-4 for row in sections["ragged_decode"]["rows"])
+    assert {row["batch"] for row in sections["ragged_decode"]["rows"]} == {1, 2}
     assert any(row["splits_per_head"] > 1 for row in sections["ragged_decode"]["rows"])      # split-K ran
     assert sections["profile_forward"]["scores_finite"] and sections["profile_forward"]["trials"] == 3
     assert sections["profile_modes"]["spearman"] >= 0.95
@@ -45,6 +49,16 @@ def test_gpu_check_dry_run_writes_every_section_ok(tmp_path):
     assert sections["compressed_decode"]["launch_failure"] is None
     assert runs["snapkv_triton"]["cache_bytes"] < runs["sdpa_full_cache"]["cache_bytes"]
     assert runs["full_triton"]["leading_tokens_equal_to_sdpa"] == sections["compressed_decode"]["new_tokens"]
+    step = sections["decode_step"]
+    assert step["layers"] == 2 and len(step["rows"]) == 2 * 2 * 3          # prompts x batches x runs
+    for row in step["rows"]:
+        assert row["steps"] == step["new_tokens"] - 1 and row["decode_ms_per_token"] > 0
+        assert 0 <= row["cache_share"] <= 1
+        full = next(r for r in step["rows"] if (r["prompt"], r["batch"], r["run"])
+                    == (row["prompt"], row["batch"], "sdpa_full_cache"))
+        assert full["cache_bytes"] == 2 * 2 * 2 * 16 * 4 * row["batch"] * row["prompt"]   # K,V x layers x heads
+        if row["run"] != "sdpa_full_cache":
+            assert row["cache_bytes"] < full["cache_bytes"]                 # compressed for real
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert all(f"## {name}: ok" in markdown for name in sections)
     again = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600, check=False)
