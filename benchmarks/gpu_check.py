@@ -682,7 +682,8 @@ def _step_clock(device):
 
 def _step_run(model, loaded, ids, new: int, policy: str | None, backend: str, capacity: int) -> dict:
     """One ``generate`` of ``new`` tokens: stock (``policy`` None: SDPA over transformers' full cache) or
-    headprobe's compressed cache; prefill seconds, median decode step, cache bytes, peak memory."""
+    headprobe's compressed cache; prefill seconds, median decode step, cache bytes (allocated) and the K/V
+    bytes a step reads (stored pairs), peak memory."""
     import statistics
 
     import torch
@@ -700,7 +701,7 @@ def _step_run(model, loaded, ids, new: int, policy: str | None, backend: str, ca
     if policy is None:
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **common)
         per_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * model.config.head_dim
-        cache_bytes = per_token * model.dtype.itemsize * ids.numel()
+        cache_bytes = read_bytes = per_token * model.dtype.itemsize * ids.numel()
     else:
         previous = headprobe.set_kernel_backend(backend)
         try:
@@ -708,10 +709,11 @@ def _step_run(model, loaded, ids, new: int, policy: str | None, backend: str, ca
                                                 policy=policy, capacity=capacity, **common)
         finally:
             headprobe.set_kernel_backend(previous)
-        cache_bytes = res.memory_bytes
+        cache_bytes, read_bytes = res.memory_bytes, res.cache.used_bytes()
     steps = [b - a for a, b in zip(clock.marks, clock.marks[1:])]
     return {"prefill_s": _r(clock.marks[0] - start), "decode_ms_per_token": _r(statistics.median(steps) * 1e3),
-            "steps": len(steps), "cache_bytes": int(cache_bytes), "peak_mib": _peak_mib(dev)}
+            "steps": len(steps), "cache_bytes": int(cache_bytes), "kv_bytes_read": int(read_bytes),
+            "peak_mib": _peak_mib(dev)}
 
 
 def section_decode_step(bench: Workbench) -> dict:
@@ -762,7 +764,7 @@ def section_decode_step(bench: Workbench) -> dict:
                     torch.cuda.empty_cache()
                 ms = r["decode_ms_per_token"]
                 if ms:
-                    r["gb_per_s"] = _r((weight_bytes + r["cache_bytes"]) / (ms / 1e3) / 1e9)
+                    r["gb_per_s"] = _r((weight_bytes + r["kv_bytes_read"]) / (ms / 1e3) / 1e9)
                     r["share_of_copy"] = _share(r["gb_per_s"], bench)
                 if ms:
                     r["floor_ms_per_token"] = floors[batch, name]

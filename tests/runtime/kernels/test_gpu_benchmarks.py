@@ -53,7 +53,7 @@ def test_gpu_check_dry_run_writes_every_section_ok(tmp_path):
     assert step["layers"] == 2 and len(step["rows"]) == 2 * 2 * 3          # prompts x batches x runs
     for row in step["rows"]:
         assert row["steps"] == step["new_tokens"] - 1 and row["decode_ms_per_token"] > 0
-        assert 0 <= row["cache_share"] <= 1
+        assert 0 <= row["cache_share"] <= 1 and 0 < row["kv_bytes_read"] <= row["cache_bytes"]
         full = next(r for r in step["rows"] if (r["prompt"], r["batch"], r["run"])
                     == (row["prompt"], row["batch"], "sdpa_full_cache"))
         assert full["cache_bytes"] == 2 * 2 * 2 * 16 * 4 * row["batch"] * row["prompt"]   # K,V x layers x heads
