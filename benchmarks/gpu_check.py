@@ -81,7 +81,6 @@ class Shapes:
     max_context: int
     copy_mib: int
     compact_tokens: int
-    compact_keep: tuple[int, int]
     decode_lengths: list[int]
     timing_reps: int
     profile_length: int
@@ -105,7 +104,7 @@ class Shapes:
 
 FULL = Shapes(device="cuda", dtype="bfloat16", hidden=4096, heads=32, kv_heads=8, head_dim=128, layers=4,
               intermediate=14336, max_context=32768, copy_mib=2048, compact_tokens=32768,
-              compact_keep=(512, 8192), decode_lengths=[256, 1024, 4096, 32768], timing_reps=50,
+              decode_lengths=[256, 1024, 4096, 32768], timing_reps=50,
               profile_length=32768, profile_depths=[0.0, 0.5, 1.0], modes_length=8192,
               modes_needles=2, modes_depths=[0.0, 0.25, 0.5, 0.75, 1.0],
               decode_prompt=32768 - 64, new_tokens=64, capacity=2048,
@@ -113,7 +112,7 @@ FULL = Shapes(device="cuda", dtype="bfloat16", hidden=4096, heads=32, kv_heads=8
               decode_batches=[1, 8], step_layers=32, step_prompts=[8192 - 64, 32768 - 64], step_batches=[1, 8],
               step_capacity=2048, step_new_tokens=32)
 DRY = Shapes(device="cpu", dtype="float32", hidden=64, heads=4, kv_heads=2, head_dim=16, layers=2,
-             intermediate=128, max_context=2048, copy_mib=32, compact_tokens=512, compact_keep=(16, 200),
+             intermediate=128, max_context=2048, copy_mib=32, compact_tokens=512,
              decode_lengths=[64, 300], timing_reps=2, profile_length=512, profile_depths=[0.0, 0.5, 1.0],
              modes_length=512, modes_needles=2, modes_depths=[0.0, 0.5, 1.0],
              decode_prompt=400, new_tokens=6, capacity=64, compact_cases=[(16, 1), (200, 1), (64, 2)],
@@ -774,6 +773,8 @@ def section_decode_step(bench: Workbench) -> dict:
             for name in ("snapkv_triton", "snapkv_torch"):
                 ms = row[name]["decode_ms_per_token"]
                 row[name]["speedup_vs_sdpa"] = _r(sdpa / ms, 3) if ms and sdpa else None
+            torch_ms, triton_ms = (row[n]["decode_ms_per_token"] for n in ("snapkv_torch", "snapkv_triton"))
+            row["snapkv_triton"]["speedup_vs_torch_path"] = _r(torch_ms / triton_ms, 3) if torch_ms and triton_ms else None
             rows.append(row)
     del loaded, model
     gc.collect()
@@ -840,7 +841,7 @@ def markdown(report: dict) -> str:
         if scalars:
             lines += ["| figure | value |", "|---|---:|"] + [f"| {k} | {v} |" for k, v in scalars.items()] + [""]
         for rows in tables.values():
-            keys = list(rows[0])
+            keys = list(dict.fromkeys(k for r in rows for k in r))     # every row's figures, first-seen order
             lines += ["| " + " | ".join(keys) + " |", "|" + "---:|" * len(keys)]
             lines += ["| " + " | ".join(str(r.get(k)) for k in keys) + " |" for r in rows] + [""]
     return "\n".join(lines) + "\n"

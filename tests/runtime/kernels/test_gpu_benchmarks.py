@@ -59,8 +59,12 @@ def test_gpu_check_dry_run_writes_every_section_ok(tmp_path):
         assert full["cache_bytes"] == 2 * 2 * 2 * 16 * 4 * row["batch"] * row["prompt"]   # K,V x layers x heads
         if row["run"] != "sdpa_full_cache":
             assert row["cache_bytes"] < full["cache_bytes"]                 # compressed for real
+            assert row["speedup_vs_sdpa"] > 0
+        if row["run"] == "snapkv_triton":
+            assert row["speedup_vs_torch_path"] > 0
     markdown = (tmp_path / "gpu_check.md").read_text()
     assert all(f"## {name}: ok" in markdown for name in sections)
+    assert "speedup_vs_torch_path" in markdown                   # a figure only some rows have gets its column
     again = subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=600, check=False)
     assert again.returncode != 0 and "exists" in again.stderr                # results are not overwritten
 
