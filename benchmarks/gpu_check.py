@@ -175,8 +175,12 @@ def graph_timed(fn: Callable[[], Any], device, launches: int = 10, reps: int = 2
         torch.cuda.synchronize(dev)
         return start.elapsed_time(end) / 1e3 / (reps * launches), None
     except Exception as exc:  # noqa: BLE001 - a call that cannot be captured is a finding, not a failure
-        torch.cuda.synchronize(dev)
-        return None, f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        why = f"{type(exc).__name__}: {(str(exc).splitlines() or [''])[0][:200]}"
+        try:
+            torch.cuda.synchronize(dev)
+        except Exception as after:
+            raise RuntimeError(f"the device failed after a CUDA graph capture failed ({why})") from after
+        return None, why
 
 
 def _reset_peak(device) -> None:
