@@ -183,6 +183,13 @@ def graph_timed(fn: Callable[[], Any], device, launches: int = 10, reps: int = 2
         return None, why
 
 
+def full_cache_bytes(model, tokens: int) -> int:
+    """Bytes of transformers' full cache of ``model`` holding ``tokens`` tokens (all rows together):
+    K and V, every layer and KV head, in the model's dtype."""
+    c = model.config
+    return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * model.dtype.itemsize * tokens
+
+
 def _reset_peak(device) -> None:
     import torch
 
@@ -620,7 +627,6 @@ def section_compressed_decode(bench: Workbench) -> dict:
     warm = prompt[:, : min(2048, s.decode_prompt)]
     for run in runs.values():                      # compile, autotune, allocate once before timing
         run(4, warm)
-    per_token = 2 * s.layers * s.kv_heads * s.head_dim * _dtype(s.dtype).itemsize
     results: dict[str, Any] = {}
     tokens = {}
     for name, run in runs.items():
@@ -635,7 +641,7 @@ def section_compressed_decode(bench: Workbench) -> dict:
         _sync(dev)
         total = time.perf_counter() - start
         tokens[name] = new[0].tolist()
-        cache_bytes = res.memory_bytes if res is not None else per_token * (s.decode_prompt + n)
+        cache_bytes = res.memory_bytes if res is not None else full_cache_bytes(model, s.decode_prompt + n)
         results[name] = {"prefill_s": _r(prefill), "total_s": _r(total),
                          "decode_ms_per_token": _r(max(total - prefill, 0.0) / max(1, n - 1) * 1e3),
                          "new_tokens": len(tokens[name]), "cache_bytes": int(cache_bytes),
@@ -703,8 +709,7 @@ def _step_run(model, loaded, ids, new: int, policy: str | None, backend: str, ca
     start = time.perf_counter()
     if policy is None:
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **common)
-        per_token = 2 * model.config.num_hidden_layers * model.config.num_key_value_heads * model.config.head_dim
-        cache_bytes = read_bytes = per_token * model.dtype.itemsize * ids.numel()
+        cache_bytes = read_bytes = full_cache_bytes(model, ids.numel())
     else:
         previous = headprobe.set_kernel_backend(backend)
         try:
